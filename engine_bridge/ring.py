@@ -1,0 +1,567 @@
+"""Single-producer single-consumer audio rings in POSIX shared memory.
+
+Each session owns two rings, both created by the media side (the serving process or a co-located agent) and
+attached by the engine:
+
+* :class:`IngressRing` carries caller audio, PCM16 mono at the engine input rate. Cursors count samples.
+* :class:`EgressRing` carries model audio as chunks tagged ``(epoch, turn_id, seq, nsamples)``. Cursors count
+  bytes. The header holds the session's current **epoch** word: the engine bumps it *first* on barge-in, and the
+  reader drops every chunk of an older epoch at its next read, so stale audio stops within one frame.
+
+Layout of a segment (all integers little-endian; every hot word on its own 64-byte line so the producer and the
+consumer never write to the same cache line)::
+
+    0    magic u32, version u32, kind u32, sample_rate u32, capacity u64 (power of two), creator_pid u64
+    64   write cursor u64 (monotonic; only the producer writes it)
+    128  read cursor u64 (monotonic; only the consumer writes it)
+    192  epoch u64 (only the engine writes it)
+    256  flags u64 (bit 0: producer closed, bit 1: consumer closed), overruns u64, stale_dropped u64
+    320  playout: played_turn_id u64, played_samples u64, played_epoch u64 (written by the egress reader)
+    512  data[capacity]
+
+Ordering: the producer copies data, then publishes the write cursor; the consumer reads data, then publishes the
+read cursor. Aligned 8-byte stores are atomic on the platforms we run on (x86-64, aarch64), and CPython's
+interpreter loop plus the GIL-release points give program order for these numpy stores on x86's TSO model.
+
+Invariants (checked): capacity is a power of two; cursors only grow; ``0 <= write - read <= capacity``. A producer
+that would overrun the consumer never overwrites unread data: it drops the new frame and counts an overrun.
+
+Segment names are ``lko_<creator pid>_<token>_<in|out>``. They are unlinked by their creator on close and at exit,
+by the engine when the creator's control connection vanishes, and by :func:`remove_orphan_segments` at start-up
+(only names with our prefix whose creator process is gone and whose header carries our magic).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import secrets
+import struct
+import weakref
+from dataclasses import dataclass
+from enum import IntEnum
+from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
+from typing import ClassVar, Final
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+MAGIC: Final = 0x4C4B4F52  # "LKOR"
+VERSION: Final = 1
+SEGMENT_PREFIX: Final = "lko_"
+HEADER_BYTES: Final = 512
+SHM_DIR: Final = Path("/dev/shm")
+
+# Byte offsets of the header words.
+_OFF_WRITE: Final = 64
+_OFF_READ: Final = 128
+_OFF_EPOCH: Final = 192
+_OFF_FLAGS: Final = 256
+_OFF_OVERRUNS: Final = 264
+_OFF_STALE: Final = 272
+_OFF_PLAYED_TURN: Final = 320
+_OFF_PLAYED_SAMPLES: Final = 328
+_OFF_PLAYED_EPOCH: Final = 336
+_STATIC = struct.Struct("<IIIIQQ")
+
+FLAG_PRODUCER_CLOSED: Final = 1
+FLAG_CONSUMER_CLOSED: Final = 2
+
+#: Egress chunk header: epoch u32, turn_id u32, seq u32, nsamples u32.
+CHUNK_HEADER_BYTES: Final = 16
+
+
+class RingKind(IntEnum):
+    INGRESS = 1
+    EGRESS = 2
+
+
+class RingError(RuntimeError):
+    """A segment that is not ours, has the wrong version or kind, or a broken invariant."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkInfo:
+    """The tag of one egress chunk. ``nsamples`` PCM16 samples were copied into the caller's buffer."""
+
+    epoch: int
+    turn_id: int
+    seq: int
+    nsamples: int
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def new_segment_name(kind: RingKind) -> str:
+    suffix = "in" if kind is RingKind.INGRESS else "out"
+    return f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(6)}_{suffix}"
+
+
+def _untrack(shm: shared_memory.SharedMemory) -> None:
+    # Python 3.11's resource tracker unlinks every segment a process *attached* to when that process exits,
+    # which would pull the ring from under the other side. Ownership is explicit here (see module docstring),
+    # so an attaching process must not be tracked.
+    try:
+        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    except Exception:  # the tracker may not know the name; nothing to undo then
+        pass
+
+
+class _Ring:
+    """Shared-memory segment, header views and the checked cursor protocol common to both rings."""
+
+    kind: ClassVar[RingKind]
+
+    def __init__(self, shm: shared_memory.SharedMemory, *, owner: bool) -> None:
+        self._shm = shm
+        self.owner = owner
+        self.name = shm.name
+        buf = shm.buf
+        magic, version, kind, rate, capacity, creator = _STATIC.unpack_from(buf, 0)
+        if magic != MAGIC:
+            raise RingError(f"segment {shm.name!r} is not a livekit-omni ring (magic {magic:#x})")
+        if version != VERSION:
+            raise RingError(f"segment {shm.name!r} has ring version {version}, this build speaks {VERSION}")
+        if kind != self.kind:
+            raise RingError(f"segment {shm.name!r} is a {RingKind(kind).name} ring, not {self.kind.name}")
+        if not is_power_of_two(capacity) or HEADER_BYTES + capacity > shm.size:
+            raise RingError(f"segment {shm.name!r} has a bad capacity {capacity}")
+        self.sample_rate: int = rate
+        self.capacity_bytes: int = capacity
+        self.creator_pid: int = creator
+        words = np.ndarray((HEADER_BYTES // 8,), dtype="<u8", buffer=buf)
+        self._words = words
+        self._data = np.ndarray((capacity,), dtype=np.uint8, buffer=buf, offset=HEADER_BYTES)
+        self._closed = False
+
+    # --- construction --------------------------------------------------------------------------------------
+    @classmethod
+    def _create_segment(
+        cls, capacity_bytes: int, sample_rate: int, name: str | None
+    ) -> shared_memory.SharedMemory:
+        if not is_power_of_two(capacity_bytes):
+            raise ValueError(f"ring capacity must be a power of two, got {capacity_bytes}")
+        name = name or new_segment_name(cls.kind)
+        if not name.startswith(SEGMENT_PREFIX):
+            raise ValueError(f"ring segment names must start with {SEGMENT_PREFIX!r}")
+        shm = shared_memory.SharedMemory(name=name, create=True, size=HEADER_BYTES + capacity_bytes)
+        buf = shm.buf
+        buf[:HEADER_BYTES] = bytes(HEADER_BYTES)
+        _STATIC.pack_into(buf, 0, MAGIC, VERSION, int(cls.kind), sample_rate, capacity_bytes, os.getpid())
+        _register_owned(shm.name)
+        return shm
+
+    @classmethod
+    def _attach_segment(cls, name: str) -> shared_memory.SharedMemory:
+        if not name.startswith(SEGMENT_PREFIX):
+            raise RingError(f"refusing to attach {name!r}: not a livekit-omni segment name")
+        shm = shared_memory.SharedMemory(name=name, create=False)
+        _untrack(shm)
+        return shm
+
+    # --- header words ----------------------------------------------------------------------------------------
+    @property
+    def write_cursor(self) -> int:
+        return int(self._words[_OFF_WRITE // 8])
+
+    @property
+    def read_cursor(self) -> int:
+        return int(self._words[_OFF_READ // 8])
+
+    @property
+    def epoch(self) -> int:
+        return int(self._words[_OFF_EPOCH // 8])
+
+    @property
+    def overruns(self) -> int:
+        return int(self._words[_OFF_OVERRUNS // 8])
+
+    @property
+    def stale_dropped(self) -> int:
+        return int(self._words[_OFF_STALE // 8])
+
+    @property
+    def flags(self) -> int:
+        return int(self._words[_OFF_FLAGS // 8])
+
+    @property
+    def producer_closed(self) -> bool:
+        return bool(self.flags & FLAG_PRODUCER_CLOSED)
+
+    @property
+    def consumer_closed(self) -> bool:
+        return bool(self.flags & FLAG_CONSUMER_CLOSED)
+
+    def set_flag(self, flag: int) -> None:
+        # Flags are set once and never cleared; a lost update between the two sides would only delay noticing
+        # a close, never corrupt data, and each side sets its own bit.
+        self._words[_OFF_FLAGS // 8] |= np.uint64(flag)
+
+    def _publish_write(self, cursor: int) -> None:
+        w = self._words
+        old = int(w[_OFF_WRITE // 8])
+        if cursor < old:
+            raise RingError(f"write cursor went backwards ({old} -> {cursor})")
+        w[_OFF_WRITE // 8] = cursor
+
+    def _publish_read(self, cursor: int) -> None:
+        w = self._words
+        old = int(w[_OFF_READ // 8])
+        if cursor < old:
+            raise RingError(f"read cursor went backwards ({old} -> {cursor})")
+        w[_OFF_READ // 8] = cursor
+
+    def _count(self, offset: int, n: int = 1) -> None:
+        self._words[offset // 8] += np.uint64(n)
+
+    def _used_bytes(self) -> int:
+        used = self.write_cursor - self.read_cursor
+        if not 0 <= used <= self.capacity_bytes:
+            raise RingError(
+                f"ring {self.name} invariant broken: write-read={used}, capacity={self.capacity_bytes}"
+            )
+        return used
+
+    # --- byte copies with wraparound (no allocation: slices of the preallocated data view) ------------------
+    def _copy_in(self, pos: int, src: np.ndarray) -> None:
+        n = src.nbytes
+        cap = self.capacity_bytes
+        start = pos & (cap - 1)
+        first = min(n, cap - start)
+        flat = src.view(np.uint8).reshape(-1)
+        self._data[start : start + first] = flat[:first]
+        if first < n:
+            self._data[: n - first] = flat[first:]
+
+    def _copy_out(self, pos: int, dst: np.ndarray) -> None:
+        n = dst.nbytes
+        cap = self.capacity_bytes
+        start = pos & (cap - 1)
+        first = min(n, cap - start)
+        flat = dst.view(np.uint8).reshape(-1)
+        flat[:first] = self._data[start : start + first]
+        if first < n:
+            flat[first:] = self._data[: n - first]
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Detach; the owner also unlinks the segment. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        # Drop our numpy views first: SharedMemory.close() refuses while exported buffers are alive.
+        del self._words
+        del self._data
+        try:
+            self._shm.close()
+        except BufferError:  # a caller still holds a view into the ring; the mapping goes away at exit
+            log.warning("ring %s closed while a view into it is still alive", self.name)
+        if self.owner:
+            unlink_segment(self.name)
+
+    def unlink(self) -> None:
+        """Remove the segment name (any side may do it when the owner is known to be gone)."""
+        unlink_segment(self.name)
+
+    def __enter__(self) -> _Ring:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class IngressRing(_Ring):
+    """Caller PCM16 mono at the engine input rate. Cursors are in bytes; 2 bytes per sample."""
+
+    kind = RingKind.INGRESS
+
+    @classmethod
+    def create(cls, capacity_samples: int, sample_rate: int, name: str | None = None) -> IngressRing:
+        return cls(cls._create_segment(capacity_samples * 2, sample_rate, name), owner=True)
+
+    @classmethod
+    def attach(cls, name: str) -> IngressRing:
+        return cls(cls._attach_segment(name), owner=False)
+
+    @property
+    def capacity_samples(self) -> int:
+        return self.capacity_bytes // 2
+
+    def available(self) -> int:
+        """Samples written and not yet read."""
+        return self._used_bytes() // 2
+
+    def write(self, pcm: np.ndarray) -> bool:
+        """Append ``pcm`` (int16). Returns False, counting an overrun, if the consumer has not made room."""
+        if pcm.dtype != np.int16 or pcm.ndim != 1:
+            raise TypeError("ingress audio must be a 1-D int16 array")
+        n = pcm.nbytes
+        if n > self.capacity_bytes:
+            raise ValueError(f"frame of {n} bytes is larger than the ring ({self.capacity_bytes} bytes)")
+        w = self.write_cursor
+        if self.capacity_bytes - (w - self.read_cursor) < n:
+            self._count(_OFF_OVERRUNS)
+            return False
+        self._copy_in(w, pcm)
+        self._publish_write(w + n)
+        return True
+
+    def read_into(self, out: np.ndarray) -> int:
+        """Copy up to ``len(out)`` samples into ``out`` (int16); returns how many were copied."""
+        r = self.read_cursor
+        n = min(self._used_bytes() // 2, out.shape[0])
+        if n:
+            self._copy_out(r, out[:n])
+            self._publish_read(r + 2 * n)
+        return n
+
+    def skip_all(self) -> int:
+        """Drop everything pending (used when the engine falls hopelessly behind); returns samples dropped."""
+        w, r = self.write_cursor, self.read_cursor
+        if w > r:
+            self._publish_read(w)
+        return (w - r) // 2
+
+
+class EgressRing(_Ring):
+    """Model audio chunks tagged ``(epoch, turn_id, seq, nsamples)``; cursors are in bytes."""
+
+    kind = RingKind.EGRESS
+
+    def __init__(self, shm: shared_memory.SharedMemory, *, owner: bool) -> None:
+        super().__init__(shm, owner=owner)
+        # Preallocated header scratch, so neither side allocates per chunk.
+        self._hdr = np.zeros(4, dtype="<u4")
+
+    @classmethod
+    def create(cls, capacity_bytes: int, sample_rate: int, name: str | None = None) -> EgressRing:
+        return cls(cls._create_segment(capacity_bytes, sample_rate, name), owner=True)
+
+    @classmethod
+    def attach(cls, name: str) -> EgressRing:
+        return cls(cls._attach_segment(name), owner=False)
+
+    # --- engine side (producer) ----------------------------------------------------------------------------
+    def bump_epoch(self, new_epoch: int | None = None) -> int:
+        """Advance the epoch word (the first thing a barge-in does). Returns the new epoch."""
+        cur = self.epoch
+        nxt = cur + 1 if new_epoch is None else new_epoch
+        if nxt < cur:
+            raise RingError(f"epoch went backwards ({cur} -> {nxt})")
+        self._words[_OFF_EPOCH // 8] = nxt
+        return nxt
+
+    def free_bytes(self) -> int:
+        return self.capacity_bytes - self._used_bytes()
+
+    def write_chunk(self, epoch: int, turn_id: int, seq: int, pcm: np.ndarray) -> bool:
+        """Append one chunk. Returns False (and counts an overrun) when the reader has not made room."""
+        if pcm.dtype != np.int16 or pcm.ndim != 1:
+            raise TypeError("egress audio must be a 1-D int16 array")
+        n = CHUNK_HEADER_BYTES + pcm.nbytes
+        if n > self.capacity_bytes:
+            raise ValueError(f"chunk of {n} bytes is larger than the ring ({self.capacity_bytes} bytes)")
+        w = self.write_cursor
+        if self.capacity_bytes - (w - self.read_cursor) < n:
+            self._count(_OFF_OVERRUNS)
+            return False
+        hdr = self._hdr
+        hdr[0], hdr[1], hdr[2], hdr[3] = epoch, turn_id, seq, pcm.shape[0]
+        self._copy_in(w, hdr)
+        self._copy_in(w + CHUNK_HEADER_BYTES, pcm)
+        self._publish_write(w + n)
+        return True
+
+    # --- media side (consumer) -----------------------------------------------------------------------------
+    def read_chunk(self, out: np.ndarray) -> ChunkInfo | None:
+        """Copy the next current-epoch chunk into ``out`` (int16, large enough for any chunk).
+
+        Chunks whose epoch is older than the header's epoch are skipped and counted in ``stale_dropped``.
+        Returns None when nothing current is pending.
+        """
+        epoch_now = self.epoch
+        hdr = self._hdr
+        while True:
+            r = self.read_cursor
+            if self._used_bytes() < CHUNK_HEADER_BYTES:
+                return None
+            self._copy_out(r, hdr)
+            epoch, turn_id, seq, nsamples = int(hdr[0]), int(hdr[1]), int(hdr[2]), int(hdr[3])
+            end = r + CHUNK_HEADER_BYTES + 2 * nsamples
+            if end > self.write_cursor:
+                raise RingError(f"egress ring {self.name}: chunk runs past the write cursor")
+            if epoch < epoch_now:
+                self._count(_OFF_STALE)
+                self._publish_read(end)
+                continue
+            if nsamples > out.shape[0]:
+                raise ValueError(f"output buffer holds {out.shape[0]} samples, chunk has {nsamples}")
+            self._copy_out(r + CHUNK_HEADER_BYTES, out[:nsamples])
+            self._publish_read(end)
+            return ChunkInfo(epoch, turn_id, seq, nsamples)
+
+    def drop_stale(self) -> int:
+        """Discard queued chunks of older epochs without reading current ones; returns how many."""
+        epoch_now = self.epoch
+        dropped = 0
+        hdr = self._hdr
+        while self._used_bytes() >= CHUNK_HEADER_BYTES:
+            r = self.read_cursor
+            self._copy_out(r, hdr)
+            if int(hdr[0]) >= epoch_now:
+                break
+            self._count(_OFF_STALE)
+            self._publish_read(r + CHUNK_HEADER_BYTES + 2 * int(hdr[3]))
+            dropped += 1
+        return dropped
+
+    # --- playout position (written by the media side, read by the engine) ---------------------------------
+    def report_playout(self, epoch: int, turn_id: int, played_samples: int) -> None:
+        """Record how many samples of ``turn_id`` have actually left the server (or been heard)."""
+        w = self._words
+        w[_OFF_PLAYED_EPOCH // 8] = epoch
+        w[_OFF_PLAYED_TURN // 8] = turn_id
+        w[_OFF_PLAYED_SAMPLES // 8] = played_samples
+
+    def playout(self) -> tuple[int, int, int]:
+        """``(epoch, turn_id, played_samples)`` as last reported by the media side."""
+        w = self._words
+        return int(w[_OFF_PLAYED_EPOCH // 8]), int(w[_OFF_PLAYED_TURN // 8]), int(w[_OFF_PLAYED_SAMPLES // 8])
+
+
+# --- ownership bookkeeping and the janitor --------------------------------------------------------------------
+
+_owned: set[str] = set()
+
+
+def _register_owned(name: str) -> None:
+    _owned.add(name)
+
+
+def unlink_segment(name: str) -> bool:
+    """Unlink a segment by name; True if it existed. Never raises for a missing segment."""
+    _owned.discard(name)
+    try:
+        shm = shared_memory.SharedMemory(name=name, create=False)
+    except FileNotFoundError:
+        return False
+    try:
+        shm.close()
+        shm.unlink()  # also unregisters from the resource tracker
+    except FileNotFoundError:
+        return False
+    return True
+
+
+@atexit.register
+def _unlink_owned_at_exit() -> None:
+    for name in list(_owned):
+        unlink_segment(name)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def list_our_segments() -> list[str]:
+    """Names in /dev/shm that carry our prefix."""
+    if not SHM_DIR.is_dir():
+        return []
+    return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(SEGMENT_PREFIX))
+
+
+def remove_orphan_segments() -> list[str]:
+    """Unlink rings whose creator process is gone. Touches only our prefix *and* our magic."""
+    removed: list[str] = []
+    for name in list_our_segments():
+        try:
+            pid = int(name[len(SEGMENT_PREFIX) :].split("_", 1)[0])
+        except ValueError:
+            continue
+        if _pid_alive(pid):
+            continue
+        path = SHM_DIR / name
+        try:
+            with path.open("rb") as f:
+                head = f.read(8)
+        except OSError:
+            continue
+        # Any version of ours counts: an orphan from an older build is still ours to clean.
+        if len(head) < 8 or struct.unpack_from("<I", head)[0] != MAGIC:
+            continue
+        try:
+            path.unlink()
+            removed.append(name)
+        except FileNotFoundError:
+            continue
+    if removed:
+        log.info("janitor removed %d orphaned ring segment(s): %s", len(removed), ", ".join(removed))
+    return removed
+
+
+class RingPair:
+    """The two rings of one session, as seen from one side."""
+
+    def __init__(self, ingress: IngressRing, egress: EgressRing) -> None:
+        self.ingress = ingress
+        self.egress = egress
+        self._finalizer = weakref.finalize(self, _close_pair, ingress, egress)
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        input_rate: int,
+        output_rate: int,
+        ingress_seconds: float = 4.0,
+        egress_seconds: float = 8.0,
+    ) -> RingPair:
+        """Create both rings sized to hold at least the given seconds of audio (rounded up to a power of two)."""
+        in_samples = _pow2_at_least(int(input_rate * ingress_seconds))
+        out_bytes = _pow2_at_least(int(output_rate * egress_seconds * 2) + 64 * CHUNK_HEADER_BYTES)
+        ingress = IngressRing.create(in_samples, input_rate)
+        try:
+            egress = EgressRing.create(out_bytes, output_rate)
+        except BaseException:
+            ingress.close()
+            raise
+        return cls(ingress, egress)
+
+    @classmethod
+    def attach(cls, ingress_name: str, egress_name: str) -> RingPair:
+        ingress = IngressRing.attach(ingress_name)
+        try:
+            egress = EgressRing.attach(egress_name)
+        except BaseException:
+            ingress.close()
+            raise
+        return cls(ingress, egress)
+
+    @property
+    def names(self) -> tuple[str, str]:
+        return self.ingress.name, self.egress.name
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _close_pair(ingress: IngressRing, egress: EgressRing) -> None:
+    ingress.close()
+    egress.close()
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())

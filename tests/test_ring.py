@@ -1,0 +1,226 @@
+"""Shared-memory rings: wraparound, overrun, stale epochs, invariants, ownership and the janitor."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from engine_bridge.ring import (
+    EgressRing,
+    IngressRing,
+    RingError,
+    RingPair,
+    list_our_segments,
+    remove_orphan_segments,
+    unlink_segment,
+)
+
+
+def test_capacity_must_be_power_of_two() -> None:
+    with pytest.raises(ValueError):
+        IngressRing.create(1000, 16000)
+
+
+def test_ingress_wraparound_is_bit_exact() -> None:
+    ring = IngressRing.create(1024, 16000)
+    try:
+        reader = IngressRing.attach(ring.name)
+        out = np.zeros(1024, dtype=np.int16)
+        rng = np.random.default_rng(1)
+        sent: list[np.ndarray] = []
+        got: list[np.ndarray] = []
+        # 300-sample frames against a 1024-sample ring: wraps every few frames at ever-changing offsets.
+        for _ in range(200):
+            frame = rng.integers(-32768, 32767, 300, dtype=np.int16)
+            assert ring.write(frame)
+            sent.append(frame)
+            n = reader.read_into(out[:300])
+            got.append(out[:n].copy())
+        assert np.array_equal(np.concatenate(sent), np.concatenate(got))
+        assert ring.write_cursor == 200 * 300 * 2 == ring.read_cursor
+        assert ring.overruns == 0
+        reader.close()
+    finally:
+        ring.close()
+
+
+def test_overrun_is_detected_counted_and_never_corrupts() -> None:
+    ring = IngressRing.create(1024, 16000)
+    try:
+        a = np.arange(600, dtype=np.int16)
+        b = np.arange(600, 1200, dtype=np.int16)
+        assert ring.write(a)
+        assert not ring.write(b)  # only 424 samples free: the new frame is refused, not written over `a`
+        assert ring.overruns == 1
+        out = np.zeros(1024, dtype=np.int16)
+        assert ring.read_into(out) == 600
+        assert np.array_equal(out[:600], a)
+        assert ring.write(b)
+        assert ring.read_into(out) == 600
+        assert np.array_equal(out[:600], b)
+        with pytest.raises(ValueError):
+            ring.write(np.zeros(2048, dtype=np.int16))
+        with pytest.raises(TypeError):
+            ring.write(np.zeros(10, dtype=np.float32))
+    finally:
+        ring.close()
+
+
+def test_egress_chunks_wrap_and_keep_tags() -> None:
+    ring = EgressRing.create(4096, 24000)
+    try:
+        out = np.zeros(4096, dtype=np.int16)
+        for seq in range(100):
+            pcm = np.full(480 + seq % 7, seq, dtype=np.int16)
+            assert ring.write_chunk(0, 3, seq, pcm)
+            info = ring.read_chunk(out)
+            assert info is not None
+            assert (info.epoch, info.turn_id, info.seq, info.nsamples) == (0, 3, seq, pcm.shape[0])
+            assert np.array_equal(out[: info.nsamples], pcm)
+        assert ring.read_chunk(out) is None
+    finally:
+        ring.close()
+
+
+def test_stale_epoch_chunks_are_dropped() -> None:
+    ring = EgressRing.create(1 << 16, 24000)
+    try:
+        out = np.zeros(4096, dtype=np.int16)
+        for seq in range(5):
+            ring.write_chunk(0, 1, seq, np.full(480, 1, dtype=np.int16))
+        assert ring.bump_epoch() == 1  # barge-in: the queued answer is now stale
+        ring.write_chunk(1, 2, 0, np.full(480, 2, dtype=np.int16))
+        info = ring.read_chunk(out)
+        assert info is not None and info.epoch == 1 and info.turn_id == 2
+        assert ring.stale_dropped == 5
+        assert ring.read_chunk(out) is None
+        with pytest.raises(RingError):
+            ring.bump_epoch(0)
+    finally:
+        ring.close()
+
+
+def test_drop_stale_and_playout_words() -> None:
+    ring = EgressRing.create(1 << 14, 24000)
+    try:
+        reader = EgressRing.attach(ring.name)
+        ring.write_chunk(0, 1, 0, np.zeros(480, dtype=np.int16))
+        ring.bump_epoch()
+        assert reader.drop_stale() == 1
+        reader.report_playout(1, 7, 4800)
+        assert ring.playout() == (1, 7, 4800)
+        reader.close()
+    finally:
+        ring.close()
+
+
+def test_attach_refuses_foreign_segments() -> None:
+    with pytest.raises(RingError):
+        IngressRing.attach("not_ours")
+    egress = EgressRing.create(1024, 24000)
+    try:
+        with pytest.raises(RingError):
+            IngressRing.attach(egress.name)  # wrong kind
+    finally:
+        egress.close()
+
+
+def test_owner_close_unlinks_and_pair_is_idempotent() -> None:
+    pair = RingPair.create(input_rate=16000, output_rate=24000)
+    names = pair.names
+    assert set(names) <= set(list_our_segments())
+    other = RingPair.attach(*names)
+    other.close()  # the attaching side never unlinks
+    assert set(names) <= set(list_our_segments())
+    pair.close()
+    pair.close()
+    assert not set(names) & set(list_our_segments())
+
+
+def test_janitor_removes_orphans_of_dead_creators_only() -> None:
+    # A child creates a ring and dies by SIGKILL without cleaning up.
+    code = textwrap.dedent(
+        """
+        import os, signal
+        from engine_bridge.ring import IngressRing
+        r = IngressRing.create(1024, 16000)
+        print(r.name, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.getcwd())
+    orphan = proc.stdout.strip()
+    assert orphan.startswith("lko_")
+    live = IngressRing.create(1024, 16000)  # ours and alive: must survive the janitor
+    foreign = "/dev/shm/lko_1_notours_in"  # our prefix but not our magic: must survive too
+    with open(foreign, "wb") as f:
+        f.write(b"\0" * 64)
+    try:
+        # The resource tracker of the dead child may already have removed it; either way it must be gone.
+        remove_orphan_segments()
+        names = list_our_segments()
+        assert orphan not in names
+        assert live.name in names
+        assert "lko_1_notours_in" in names
+    finally:
+        live.close()
+        os.unlink(foreign)
+        unlink_segment(orphan)
+
+
+def _consume(name: str, frames: int, frame_samples: int, q: mp.Queue) -> None:
+    ring = IngressRing.attach(name)
+    out = np.zeros(frame_samples, dtype=np.int16)
+    digest = hashlib.sha256()
+    got = 0
+    while got < frames:
+        if ring.available() < frame_samples:
+            time.sleep(0.0002)
+            continue
+        ring.read_into(out)
+        digest.update(out.tobytes())
+        got += 1
+    total = ring.read_cursor
+    ring.close()
+    q.put((digest.hexdigest(), total))
+
+
+def test_two_processes_exchange_ten_minutes_bit_exact() -> None:
+    """10 minutes of 20 ms frames at 16 kHz (30,000 frames) through a real second process, faster than real time."""
+    frames, fs = 30_000, 320
+    ring = IngressRing.create(4096, 16000)
+    ctx = mp.get_context("spawn")
+    q: mp.Queue = ctx.Queue()
+    proc = ctx.Process(target=_consume, args=(ring.name, frames, fs, q))
+    t0 = time.monotonic()
+    proc.start()
+    try:
+        rng = np.random.default_rng(7)
+        digest = hashlib.sha256()
+        sent = 0
+        frame = rng.integers(-32768, 32767, fs, dtype=np.int16)
+        while sent < frames:
+            if ring.write(frame):
+                digest.update(frame.tobytes())
+                sent += 1
+                frame = rng.integers(-32768, 32767, fs, dtype=np.int16)
+            else:
+                time.sleep(0.0002)
+        their_digest, total = q.get(timeout=300)
+        proc.join(timeout=30)
+        elapsed = time.monotonic() - t0
+        assert total == frames * fs * 2
+        assert their_digest == digest.hexdigest()
+        assert elapsed < 600, f"10 minutes of audio took {elapsed:.0f} s: not faster than real time"
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        ring.close()
