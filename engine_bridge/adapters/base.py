@@ -1,0 +1,72 @@
+"""The model-adapter ABC: one per model family (cascade now, native duplex later).
+
+Threading contract (see :mod:`engine_bridge.session`): ``on_audio`` runs on the audio thread and must be cheap
+(turn-taking and barge-in live there); every other method runs on the scheduler thread, the session's owner.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine_bridge.config import EngineSettings
+from engine_bridge.session import DuplexSession
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterCaps:
+    #: The model decides turns itself (a native duplex model); else the engine's turn-taking stage does.
+    owns_turn_taking: bool
+    #: The conversation state survives barge-in (KV lease with rollback).
+    resident_kv: bool
+    exact_rollback: bool
+
+
+class ModelAdapter(ABC):
+    name: str = ""
+    caps: AdapterCaps
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+
+    def load(self) -> None:
+        """Load models (engine start-up, before sessions are admitted). Default: nothing to load."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """What /health shows about the loaded models."""
+        return {"adapter": self.name}
+
+    @abstractmethod
+    def open(self, session: DuplexSession) -> None:
+        """Set up per-session model state (e.g. prefill the instructions into a fresh KV lease)."""
+
+    @abstractmethod
+    def close(self, session: DuplexSession) -> None:
+        """Release per-session model state. Must be idempotent."""
+
+    @abstractmethod
+    def on_audio(self, session: DuplexSession, pcm: np.ndarray) -> None:
+        """Caller audio just read from ingress (int16 at the engine input rate). Audio thread: keep it cheap."""
+
+    @abstractmethod
+    def handle(self, session: DuplexSession, msg: Any) -> None:
+        """A mailbox message (text appends, interrupts, mute, events posted by ``on_audio``)."""
+
+    @abstractmethod
+    def step(self, sessions: list[DuplexSession]) -> bool:
+        """One round of model work for every session that has some (batched where the model allows).
+        Returns True if any work was done, so the scheduler knows whether to idle."""
+
+
+def make_adapter(settings: EngineSettings) -> ModelAdapter:
+    if settings.adapter == "loopback":
+        from engine_bridge.adapters.loopback import LoopbackFixtureAdapter
+
+        return LoopbackFixtureAdapter(settings)
+    from engine_bridge.adapters.cascade import CascadeAdapter
+
+    return CascadeAdapter(settings)

