@@ -65,6 +65,8 @@ def write_wav(path: str | Path, pcm: npt.NDArray[np.int16], rate: int) -> None:
             w.setsampwidth(2)
             w.setframerate(rate)
             w.writeframes(np.ascontiguousarray(pcm, dtype="<i2").tobytes())
+        # mkstemp creates 0600 files; the cache is shared by every test run on the machine.
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

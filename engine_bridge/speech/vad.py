@@ -71,8 +71,11 @@ class VADSettings:
     prefix_padding_ms: int = 300
     #: Silence after the last speech frame that ends the turn.
     silence_ms: int = 500
-    #: Consecutive speech needed before a turn starts; shorter blips (clicks, taps) never start one.
-    min_speech_ms: int = 60
+    #: Consecutive speech needed before a turn starts; shorter blips (clicks, taps) never start one. 100 ms
+    #: because WebRTC flags the first 80 ms of a fresh stream as speech whenever it begins with noise
+    #: (measured: one frame plus three hangover frames, at -60 to -30 dBFS), which 60 ms would turn into a
+    #: phantom turn.
+    min_speech_ms: int = 100
     #: Silence kept after the last speech frame in :meth:`TurnDetector.utterance`. It must not exceed
     #: ``silence_ms``. Set it to the point where the engine starts speculative ASR: the audio it gets then
     #: is exactly the final utterance if no more speech comes, so the speculative transcript can be reused.
@@ -288,7 +291,8 @@ class TurnDetector:
         self._pad = s.prefix_padding_ms * _SAMPLES_PER_MS
         self._tail = s.tail_padding_ms * _SAMPLES_PER_MS
         self._silence_end = s.silence_ms * _SAMPLES_PER_MS
-        self._min_speech = s.min_speech_ms * _SAMPLES_PER_MS
+        # At least one frame: a turn never starts without a speech frame.
+        self._min_speech = max(s.min_speech_ms * _SAMPLES_PER_MS, 1)
         self._max_span = min(s.max_utterance_ms * _SAMPLES_PER_MS, len(self._ring) - self._frame)
 
     def reset(self) -> None:
@@ -320,23 +324,37 @@ class TurnDetector:
             pcm = pcm.reshape(-1)
         events: list[TurnEvent] = []
         with self._lock:
+            ring = self._ring
+            size = len(ring)
+            frame = self._frame
             n = len(pcm)
             off = 0
-            ring = self._ring
-            frame = self._frame
             while off < n:
-                take = min(frame - self._fill, n - off)
-                start = self._frame_pos + self._fill
-                ring[start : start + take] = pcm[off : off + take]
-                self._fill += take
-                self._pushed += take
+                # Copy as much as the ring can take without overwriting the frame being filled, then judge
+                # every frame that became complete. The ring is a whole number of frames and the frame grid
+                # starts at ring index 0, so a frame never straddles the wrap.
+                take = min(n - off, size - frame)
+                w = self._frame_pos + self._fill
+                first = min(take, size - w)
+                ring[w : w + first] = pcm[off : off + first]
+                if take > first:
+                    ring[: take - first] = pcm[off + first : off + take]
                 off += take
-                if self._fill == frame:
-                    # Advance first, so that during _on_frame the state already says "frame complete".
-                    pos = self._frame_pos
+                avail = self._fill + take
+                cursor = self._pushed - self._fill  # absolute start of the frame being filled
+                pos = self._frame_pos
+                while avail >= frame:
+                    avail -= frame
+                    cursor += frame
+                    # The state says "frame complete" before _on_frame runs: timeline at the frame's end,
+                    # nothing pending, write position past it.
+                    self._pushed = cursor
                     self._fill = 0
-                    self._frame_pos = (pos + frame) % len(ring)
+                    self._frame_pos = (pos + frame) % size
                     self._on_frame(pos, events)
+                    pos = self._frame_pos
+                self._fill = avail
+                self._pushed = cursor + avail
         return events
 
     def _on_frame(self, pos: int, events: list[TurnEvent]) -> None:
@@ -352,7 +370,7 @@ class TurnDetector:
                 return
             if self._run_start < 0:
                 self._run_start = frame_start
-            if frame_end - self._run_start >= max(self._min_speech, 1):
+            if frame_end - self._run_start >= self._min_speech:
                 self._in_speech = True
                 self._turn_start = self._run_start
                 self._last_speech_end = frame_end
@@ -366,7 +384,7 @@ class TurnDetector:
             self._voiced += self._frame
         if frame_end - self._last_speech_end >= self._silence_end:
             self._end_turn(events, frame_end, forced=False)
-        elif frame_end - self._utterance_start() >= self._max_span:
+        elif frame_end - max(self._turn_start - self._pad, self._base) >= self._max_span:
             self._last_speech_end = frame_end
             self._end_turn(events, frame_end, forced=True)
 

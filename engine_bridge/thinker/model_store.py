@@ -29,7 +29,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: E402
+from rich.progress import (  # noqa: E402
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -166,38 +174,82 @@ def ensure_converted(
     console = console or Console(stderr=True)
     log.info("converting %s once to fp32 safetensors in %s (later loads take well under a second)", gguf, final)
     t0 = time.perf_counter()
-    # transformers draws its own tqdm bars for the GGUF tensors; the rich display below replaces them.
-    bars_were_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        with (
-            Progress(
-                SpinnerColumn(),
-                TextColumn("[bold]thinker model[/bold] {task.description}"),
-                TimeElapsedColumn(),
-                console=console,
-                transient=False,
-            ) as progress,
-            atomic_directory(final) as tmp,
-        ):
-            task = progress.add_task("reading the GGUF tokenizer", total=4)
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            progress.update(task, advance=1, description="dequantizing Q4_1 weights to fp32 (15-20 s)")
+    with (
+        Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]thinker model[/bold] {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        ) as progress,
+        _quiet_hf_bars(),
+        atomic_directory(final) as tmp,
+    ):
+        task = progress.add_task("reading the GGUF tokenizer", total=None)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        progress.update(task, description="dequantizing Q4_1 tensors to fp32")
+        with _gguf_tensor_progress(progress, task):
             model = AutoModelForCausalLM.from_pretrained(
                 str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
             ).eval()
-            progress.update(task, advance=1, description="writing model.safetensors")
-            _save_plain_checkpoint(model, tmp)
-            progress.update(task, advance=1, description="writing the tokenizer")
-            tokenizer.save_pretrained(str(tmp))
-            # The marker goes in last: a folder without it is never trusted.
-            (tmp / _MARKER).write_text(json.dumps({**fingerprint, "source": str(gguf)}, indent=2))
-            progress.update(task, advance=1, description=f"done -> {final}")
-    finally:
-        if bars_were_enabled:
-            hf_logging.enable_progress_bar()
+        progress.update(task, description="writing model.safetensors + tokenizer")
+        _save_plain_checkpoint(model, tmp)
+        tokenizer.save_pretrained(str(tmp))
+        # The marker goes in last: a folder without it is never trusted.
+        (tmp / _MARKER).write_text(json.dumps({**fingerprint, "source": str(gguf)}, indent=2))
+        _make_readable(tmp)
+        progress.update(task, description=f"done -> {final}")
     log.info("converted %s in %.1f s -> %s", gguf.name, time.perf_counter() - t0, final)
     return final
+
+
+@contextlib.contextmanager
+def _quiet_hf_bars() -> Iterator[None]:
+    """transformers' own tqdm bars ("Loading weights") would interleave with rich and with server logs."""
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _gguf_tensor_progress(progress: Progress, task: TaskID) -> Iterator[None]:
+    """Route the GGUF loader's per-tensor loop (a bare ``tqdm.auto.tqdm`` that ignores transformers' progress
+    switch) into our rich bar. If a future transformers moves it, the conversion still works, just with a
+    spinner instead of a count."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+
+    def counted(iterable: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        items = list(iterable)
+        progress.update(task, total=len(items), completed=0)
+        for item in items:
+            yield item
+            progress.advance(task)
+
+    gguf_utils.tqdm = counted
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
+def _make_readable(folder: Path) -> None:
+    """mkdtemp creates a 0700 folder and safetensors writes 0600 files; the cache is meant to be shared like
+    any other file the user creates, so apply the process umask to the usual 0755/0644."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o755 & ~umask)
+    for f in folder.iterdir():
+        f.chmod(0o644 & ~umask)
 
 
 def _save_plain_checkpoint(model: PreTrainedModel, folder: Path) -> None:
@@ -266,7 +318,8 @@ def load_model(
         return build_tiny_random(load_tokenizer(TINY_RANDOM, cache_dir=cache_dir), seed=tiny_seed, dtype=dt)
     path = resolve_model_path(source, cache_dir=cache_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dt, local_files_only=True).eval()
+    with _quiet_hf_bars():
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dt, local_files_only=True).eval()
     return LoadedModel(model, tokenizer, source, path, dt, time.perf_counter() - t0)
 
 

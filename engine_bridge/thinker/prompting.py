@@ -1,0 +1,194 @@
+"""Chat-template rendering for incremental (KV-lease) prompting, the default system prompt, and decoding
+settings tuned for short spoken replies.
+
+Incremental rendering. A session never re-renders its history: each new message is rendered as its own
+template *delta* (``<|im_start|>user\\n{text}<|im_end|>\\n`` for ChatML) and only those tokens are prefilled.
+:class:`ChatFormat` learns the per-role wrappers once, by rendering probe conversations through the
+tokenizer's own chat template and diffing them, so any prefix-stable template works (ChatML, Llama-3, ...).
+For SmolLM2 the concatenated deltas are token-identical to rendering the whole conversation at once
+(cpu-speech-stack.md §2; checked in tests/test_thinker_smollm.py). Message *content* is tokenized with special
+tokens split, so a user who says "<|im_end|>" cannot close their own turn.
+
+The template injects "You are a helpful AI assistant named SmolLM..." when the first message is not a system
+message; sessions always start with our own system segment, so that never happens.
+
+What to expect from SmolLM2-135M-Instruct (measured with :data:`SPOKEN_DECODING`, greedy, fp32 and bf16):
+
+* Simple facts come out right and short: "What is the capital of France?" -> "The capital of France is
+  Paris."; "How many legs does a spider have?" -> eight; "What color is the sky?" -> blue.
+* Anything needing reasoning, arithmetic beyond the trivial, or world knowledge past the obvious is often
+  wrong while sounding confident; open requests ("tell me a joke") get a generic sentence or two.
+* Without a repetition penalty and a length cap it loops ("It's a miracle. It's not just ...") and rambles;
+  ``repetition_penalty=1.15`` and ``max_sentences=2`` keep replies to one or two sentences.
+* It does not reliably recall a fact from two turns back (a name, a number). The engine's tests check the
+  KV-lease *mechanics* (stats, token logs), never this model's memory.
+* Instructions beyond "be brief" are mostly ignored; keep the system prompt short and plain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from .base import DecodingSettings, Role
+
+#: Our own system prompt. Short and concrete: a 135M model follows little more than "be brief".
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful voice assistant. Answer in one short sentence of plain spoken English. "
+    "No lists, no markdown."
+)
+
+#: Decoding for spoken replies: greedy (reproducible, and sampling makes a 135M model worse), a mild
+#: repetition penalty against loops, at most two sentences, and a token cap that bounds a reply to ~10 s of
+#: speech even when the model never stops.
+SPOKEN_DECODING = DecodingSettings(
+    max_tokens=48,
+    temperature=0.0,
+    repetition_penalty=1.15,
+    max_sentences=2,
+)
+
+#: Roles as the template should see them. Engine context ("developer") is rendered as a system turn,
+#: the only instruction role ChatML models are trained on.
+TEMPLATE_ROLES: dict[str, str] = {
+    "system": "system",
+    "user": "user",
+    "developer": "system",
+    "assistant": "assistant",
+}
+
+_SENTENCE_END = (".", "!", "?", "…")
+_CLOSERS = "\"')]»”’"  # noqa: RUF001 - closing quotes after a full stop belong to the sentence
+_CHATML = {
+    "prefix": "<|im_start|>{role}\n",
+    "suffix": "<|im_end|>\n",
+    "header": "<|im_start|>assistant\n",
+}
+
+
+def ends_sentence(text: str) -> bool:
+    """True when ``text`` ends with a sentence terminator (closing quotes/brackets allowed after it)."""
+    stripped = text.rstrip().rstrip(_CLOSERS)
+    return stripped.endswith(_SENTENCE_END)
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedMessage:
+    prefix: list[int]
+    content: list[int]
+    suffix: list[int]
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prefix + self.content + self.suffix
+
+
+class ChatFormat:
+    """Per-role template wrappers of a tokenizer's chat template, for rendering one message at a time."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        wrappers: dict[str, tuple[str, str]],
+        reply_header: str,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.wrappers = wrappers
+        self.reply_header_text = reply_header
+        self._template_cache: dict[str, list[int]] = {}
+        self.reply_header: list[int] = self._template_tokens(reply_header)
+        self.reply_footer: list[int] = self._template_tokens(wrappers["assistant"][1])
+        self.stop_token_ids: frozenset[int] = self._stop_ids()
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_tokenizer(cls, tokenizer: PreTrainedTokenizerBase) -> ChatFormat:
+        """Probe the tokenizer's chat template (ChatML strings when it has none)."""
+        if not getattr(tokenizer, "chat_template", None):
+            wrappers = {
+                role: (_CHATML["prefix"].format(role=TEMPLATE_ROLES[role]), _CHATML["suffix"])
+                for role in TEMPLATE_ROLES
+            }
+            return cls(tokenizer, wrappers, _CHATML["header"])
+        return cls(tokenizer, *_probe_template(tokenizer))
+
+    def _stop_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        eos = self.tokenizer.eos_token_id
+        if isinstance(eos, int):
+            ids.add(eos)
+        special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
+        # The first footer token (<|im_end|>) ends a reply; a header token (<|im_start|>) means the model is
+        # starting a new turn on its own, which must end the reply too.
+        for tok in (self.reply_footer[:1], self.reply_header[:1]):
+            if tok and (tok[0] in special or tok[0] == eos):
+                ids.add(tok[0])
+        return frozenset(ids)
+
+    # ---------------------------------------------------------------- encoding
+    def _template_tokens(self, text: str) -> list[int]:
+        """Template text may contain special tokens (<|im_start|>), which must become their single ids."""
+        cached = self._template_cache.get(text)
+        if cached is None:
+            cached = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            self._template_cache[text] = cached
+        return list(cached)
+
+    def encode_content(self, text: str) -> list[int]:
+        """Content with special-token strings kept as plain text (no prompt injection of turn markers)."""
+        if not text:
+            return []
+        return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+    def encode_message(self, role: Role, text: str) -> EncodedMessage:
+        prefix, suffix = self.wrappers[role]
+        return EncodedMessage(
+            self._template_tokens(prefix), self.encode_content(text), self._template_tokens(suffix)
+        )
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+
+    def render_messages(self, messages: Sequence[tuple[Role, str]]) -> str:
+        """The whole conversation as the tokenizer's template would render it (for tests and debugging)."""
+        return self.tokenizer.apply_chat_template(
+            [{"role": TEMPLATE_ROLES[r], "content": t} for r, t in messages], tokenize=False
+        )
+
+
+def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], *, gen: bool = False) -> str:
+    out: Any = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+    return str(out)
+
+
+def _split(delta: str, sentinel: str, what: str) -> tuple[str, str]:
+    if delta.count(sentinel) != 1:
+        raise ValueError(f"chat template: cannot find the {what} content in {delta!r}")
+    before, after = delta.split(sentinel)
+    return before, after
+
+
+def _probe_template(tokenizer: PreTrainedTokenizerBase) -> tuple[dict[str, tuple[str, str]], str]:
+    """Learn (prefix, suffix) per role by diffing renders of probe conversations.
+
+    Requires a prefix-stable template (rendering one more message only appends text), which is what makes
+    a per-session KV cache valid in the first place; anything else is rejected here, at load time.
+    """
+    s0, s1, s2 = "\x1dSYS\x1d", "\x1dUSR\x1d", "\x1dNEW\x1d"
+    system_only = _render(tokenizer, [{"role": "system", "content": s0}])
+    sys_prefix, sys_suffix = _split(system_only, s0, "system")
+    base = [{"role": "system", "content": s0}, {"role": "user", "content": s1}]
+    base_text = _render(tokenizer, base)
+    wrappers: dict[str, tuple[str, str]] = {"system": (sys_prefix, sys_suffix)}
+    for role in ("user", "developer", "assistant"):
+        full = _render(tokenizer, [*base, {"role": TEMPLATE_ROLES[role], "content": s2}])
+        if not full.startswith(base_text):
+            raise ValueError(f"chat template is not prefix-stable for role {role!r}; it cannot be used with a KV lease")
+        wrappers[role] = _split(full[len(base_text) :], s2, role)
+    with_header = _render(tokenizer, base, gen=True)
+    if not with_header.startswith(base_text):
+        raise ValueError("chat template's generation prompt is not prefix-stable")
+    return wrappers, with_header[len(base_text) :]
