@@ -114,6 +114,8 @@ class Engine:
         self._threads: list[threading.Thread] = []
         self.started_at = time.monotonic()
         self.audio_tick_overruns = 0
+        # Workers of the adapter (ASR, TTS) wake the scheduler when their results land in a mailbox.
+        self.adapter.wake = self._wake
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -392,7 +394,11 @@ class Engine:
                 if not egress.write_chunk(c.epoch, c.turn_id, c.seq, c.pcm):
                     break  # the media side has not made room yet; keep it for the next tick
                 s.outbox.popleft()
-                s.stats.output_samples += c.pcm.shape[0]
+                n_out = c.pcm.shape[0]
+                s.stats.output_samples += n_out
+                if c.turn_id != s.written_turn_id:
+                    s.written_turn_id, s.written_turn_samples = c.turn_id, 0
+                s.written_turn_samples += n_out
 
     # --- scheduler thread -----------------------------------------------------------------------------------
     def _scheduler_loop(self) -> None:

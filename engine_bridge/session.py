@@ -120,7 +120,14 @@ class DuplexSession:
         self.adapter_state: Any = None
         #: Reply currently being produced: its turn id, and whether audio of it is queued or playing.
         self.reply_turn: int = 0
+        #: A confirmed reply exists (thinking or speaking); set by the scheduler, read by the audio thread.
         self.reply_active = False
+        #: Its audio is still being produced (generation or TTS running).
+        self.reply_producing = False
+        #: Samples of reply ``written_turn_id`` moved into the egress ring so far (the audio thread counts them):
+        #: "what was written to egress", the playout estimate when the media side reports none.
+        self.written_turn_id = 0
+        self.written_turn_samples = 0
 
     # --- timeline -------------------------------------------------------------------------------------------
     @property

@@ -6,6 +6,7 @@ Threading contract (see :mod:`engine_bridge.session`): ``on_audio`` runs on the 
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,9 @@ class ModelAdapter(ABC):
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
+        #: Set by the engine: posting to a mailbox from another thread should also set it, so the scheduler
+        #: does not sleep through the message.
+        self.wake: threading.Event | None = None
 
     def load(self) -> None:
         """Load models (engine start-up, before sessions are admitted). Default: nothing to load."""
