@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
+import psutil
 
 from engine_bridge import protocol as p
 from engine_bridge.adapters import ModelAdapter, make_adapter
@@ -179,6 +180,8 @@ class Engine:
             "opened_sessions": self.manager.opened,
             "rejected_sessions": self.manager.rejected,
             "uptime_s": round(time.monotonic() - self.started_at, 1),
+            "rss_bytes": psutil.Process().memory_info().rss,
+            "audio_tick_overruns": self.audio_tick_overruns,
             **self.adapter.describe(),
         }
 

@@ -150,3 +150,59 @@ def loopback_server() -> Iterator[ServerProcess]:
     server = start_server(adapter="loopback")
     yield server
     server.stop()
+
+
+@dataclass
+class EngineProcess:
+    proc: subprocess.Popen[bytes]
+    address: str
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def spawn_engine(**settings: object) -> EngineProcess:
+    """A real engine process (``python -m engine_bridge.engine``) on a fresh Unix socket."""
+    sock = str(Path(tempfile.mkdtemp(prefix="lko-eng-")) / "engine.sock")
+    cfg = {"address": "unix:" + sock, **settings}
+    log_path = ROOT / "test-output" / f"engine-{Path(sock).parent.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as logf:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine_bridge.engine", "--settings-json", json.dumps(cfg, default=str)],
+            cwd=ROOT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+        )
+    return EngineProcess(proc, "unix:" + sock)
+
+
+async def connect_engine(engine: EngineProcess, *, ready_timeout: float = 240.0):
+    """Connect an EngineClient once the engine listens, and wait until its models are loaded."""
+    import asyncio
+
+    from engine_bridge.client import EngineClient
+
+    deadline = time.monotonic() + ready_timeout
+    client = None
+    while client is None:
+        if engine.proc.poll() is not None:
+            raise RuntimeError(f"engine exited with {engine.proc.returncode}")
+        try:
+            client = await EngineClient.connect(engine.address, timeout=1.0)
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+    while (info := await client.ping())["state"] != "ready":
+        if info["state"] == "failed" or time.monotonic() > deadline:
+            raise RuntimeError(f"engine failed to load: {info}")
+        await asyncio.sleep(0.25)
+    return client

@@ -19,36 +19,16 @@ from engine_bridge import protocol as p
 from engine_bridge.client import EngineClient
 from engine_bridge.control import EngineRequestError
 from engine_bridge.ring import list_our_segments
-from tests.conftest import ROOT, start_server
+from tests.conftest import ROOT, EngineProcess, connect_engine, spawn_engine, start_server
 
 
 def _spawn_engine(**settings: object) -> tuple[subprocess.Popen[bytes], str]:
-    sock = str(Path(tempfile.mkdtemp(prefix="lko-eng-")) / "engine.sock")
-    cfg = {"adapter": "loopback", "address": "unix:" + sock, "loopback_delay_ms": 0, **settings}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "engine_bridge.engine",
-            "--settings-json",
-            json.dumps(cfg),
-            "--log-level",
-            "WARNING",
-        ],
-        cwd=ROOT,
-    )
-    return proc, sock
+    eng = spawn_engine(**{"adapter": "loopback", "loopback_delay_ms": 0, **settings})
+    return eng.proc, eng.address
 
 
 async def _connect(sock: str, proc: subprocess.Popen[bytes]) -> EngineClient:
-    for _ in range(200):
-        if proc.poll() is not None:
-            raise RuntimeError("engine exited")
-        try:
-            return await EngineClient.connect(sock, timeout=1.0)
-        except Exception:
-            await asyncio.sleep(0.05)
-    raise TimeoutError("engine did not come up")
+    return await connect_engine(EngineProcess(proc, sock), ready_timeout=30)
 
 
 async def test_undecodable_control_message_gets_an_error_reply() -> None:

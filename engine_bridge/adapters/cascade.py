@@ -145,6 +145,8 @@ class _Reply:
     first_clause_wall: float | None = None
     first_audio_wall: float | None = None
     cancelled: bool = False
+    #: How the caller's message went into the KV: {user_tokens, prefill_tokens, cached_tokens, log_before}.
+    append_stats: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -216,6 +218,8 @@ class CascadeAdapter(ModelAdapter):
         self._tts_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine-tts")
         self._jobs = 0
         self._jobs_lock = threading.Lock()
+        self._kv_bytes = 0
+        self._thinker_sessions = 0
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -240,7 +244,18 @@ class CascadeAdapter(ModelAdapter):
 
     def describe(self) -> dict[str, Any]:
         m = self.settings.models
-        return {"adapter": self.name, "models": {"asr": m.asr, "thinker": m.thinker, "tts": m.tts}}
+        return {
+            "adapter": self.name,
+            "models": {"asr": m.asr, "thinker": m.thinker, "tts": m.tts},
+            # Refreshed by the scheduler on open/close: the thinker is not safe to query from other threads.
+            "kv_bytes": self._kv_bytes,
+            "thinker_sessions": self._thinker_sessions,
+        }
+
+    def _refresh_kv(self) -> None:
+        if self.thinker is not None:
+            self._kv_bytes = self.thinker.memory_bytes()
+            self._thinker_sessions = len(self.thinker.session_ids())
 
     def _vad_settings(self, session: DuplexSession) -> tuple[VADSettings, int, int]:
         tt = self.settings.turn_taking
@@ -264,13 +279,18 @@ class CascadeAdapter(ModelAdapter):
         history = [Message(role=t.role, text=t.text) for t in session.config.history]
         self.thinker.open(session.id, session.config.instructions or None, history or None)
         session.adapter_state = _CascadeState(TurnDetector(vs), barge, spec)
+        self._refresh_kv()
         session.log.append(Segment(Role.SYSTEM, session.config.instructions, session.epoch))
         for t in session.config.history:
             session.log.append(Segment(Role(t.role), t.text, session.epoch))
 
     def close(self, session: DuplexSession) -> None:
+        st: _CascadeState | None = session.adapter_state
+        if st is not None and st.reply is not None:
+            st.reply.cancelled = True  # TTS work still queued for this session stops at its next chunk
         if self.thinker is not None:
             self.thinker.close(session.id)
+        self._refresh_kv()
 
     # --- audio thread ----------------------------------------------------------------------------------------
     def on_audio(self, session: DuplexSession, pcm: np.ndarray) -> None:
@@ -501,6 +521,15 @@ class CascadeAdapter(ModelAdapter):
             )
             if turn is not None and not turn.confirmed:
                 session.log[-1].interrupted = False
+        append_stats: dict[str, int] = {}
+        if user_text is not None:
+            append_stats = {
+                "user_tokens": res.new_tokens,
+                "prefill_tokens": res.prefill_tokens,
+                "cached_tokens": res.cached_tokens,
+                "log_before": user_ckpt or 0,
+                "trimmed": int(res.trimmed),
+            }
         ckpt = thinker.begin_reply(session.id, epoch=session.epoch)
         session.turn_id += 1
         session.stats.turns += 1
@@ -512,6 +541,7 @@ class CascadeAdapter(ModelAdapter):
             user_ckpt_log_len=user_ckpt,
             confirmed=confirmed,
             started_wall=time.monotonic(),
+            append_stats=append_stats,
         )
         r.resampler = OutputResampler(
             self.tts.sample_rate if self.tts else ENGINE_OUTPUT_RATE, ENGINE_OUTPUT_RATE
@@ -828,7 +858,12 @@ class CascadeAdapter(ModelAdapter):
 
     def _record_turn(self, session: DuplexSession, st: _CascadeState, r: _Reply) -> None:
         turn = st.turn
-        rec: dict[str, Any] = {"turn_id": r.turn_id, "samples": r.samples, "text": r.text.strip()}
+        rec: dict[str, Any] = {
+            "turn_id": r.turn_id,
+            "samples": r.samples,
+            "text": r.text.strip(),
+            **r.append_stats,
+        }
         if turn is not None and turn.endpoint_wall is not None and r.first_audio_wall is not None:
             rec.update(
                 {

@@ -1,0 +1,121 @@
+"""Drives an engine session the way the media plane does, for engine tests and benchmarks.
+
+It writes caller audio into the ingress ring in 20 ms frames at real time, plays the egress ring at real time
+(one 20 ms frame per tick, dropping audio of a stale epoch, exactly as the media plane must), reports the
+playout position in the ring header, and records every event and every played chunk with wall-clock times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine_bridge import protocol as p
+from engine_bridge.client import EngineSession
+from engine_bridge.formats import ENGINE_OUTPUT_RATE, INPUT_FRAME_SAMPLES, OUTPUT_FRAME_SAMPLES
+
+
+@dataclass
+class Played:
+    wall: float
+    epoch: int
+    turn_id: int
+    pcm: np.ndarray
+
+
+@dataclass
+class SessionDriver:
+    session: EngineSession
+    events: list[tuple[float, p.SessionEvent]] = field(default_factory=list)
+    played: list[Played] = field(default_factory=list)
+    #: (wall time, ring epoch) every time the driver saw the epoch word change.
+    epoch_changes: list[tuple[float, int]] = field(default_factory=list)
+    input_frames: int = 0
+
+    def __post_init__(self) -> None:
+        self._buf = np.zeros(1 << 16, dtype=np.int16)
+        self._pending = np.zeros(0, dtype=np.int16)
+        self._pending_tag: tuple[int, int] = (0, 0)
+        self._turn_played: dict[tuple[int, int], int] = {}
+        self._epoch_seen = self.session.rings.egress.epoch
+        self.t0 = time.monotonic()
+        self._next = self.t0
+
+    # --- one 20 ms tick ----------------------------------------------------------------------------------
+    def _tick(self, frame: np.ndarray | None) -> None:
+        s = self.session
+        if s.closed:
+            return
+        if frame is not None:
+            s.rings.ingress.write(frame)
+            self.input_frames += 1
+        eg = s.rings.egress
+        epoch = eg.epoch
+        if epoch != self._epoch_seen:
+            self._epoch_seen = epoch
+            self.epoch_changes.append((time.monotonic(), epoch))
+            if self._pending_tag[0] < epoch:
+                self._pending = np.zeros(0, dtype=np.int16)  # stale audio never plays
+        while self._pending.shape[0] < OUTPUT_FRAME_SAMPLES:
+            info = eg.read_chunk(self._buf)
+            if info is None:
+                break
+            self._pending = np.concatenate([self._pending, self._buf[: info.nsamples]])
+            self._pending_tag = (info.epoch, info.turn_id)
+        if self._pending.shape[0]:
+            out, self._pending = self._pending[:OUTPUT_FRAME_SAMPLES], self._pending[OUTPUT_FRAME_SAMPLES:]
+            key = self._pending_tag
+            self._turn_played[key] = self._turn_played.get(key, 0) + out.shape[0]
+            eg.report_playout(key[0], key[1], self._turn_played[key])
+            self.played.append(Played(time.monotonic(), key[0], key[1], out.copy()))
+        while not s.events.empty():
+            self.events.append((time.monotonic(), s.events.get_nowait()))
+
+    async def run(self, audio: np.ndarray | None = None, *, seconds: float = 0.0, until=None) -> None:
+        """Feed ``audio`` (16 kHz int16) then silence, at real time, for at least ``seconds`` in total or until
+        ``until(driver)`` is true (checked every tick)."""
+        frames = (
+            []
+            if audio is None
+            else [audio[i : i + INPUT_FRAME_SAMPLES] for i in range(0, len(audio), INPUT_FRAME_SAMPLES)]
+        )
+        silence = np.zeros(INPUT_FRAME_SAMPLES, dtype=np.int16)
+        start = time.monotonic()
+        i = 0
+        while True:
+            frame = frames[i] if i < len(frames) else silence
+            if frame.shape[0] < INPUT_FRAME_SAMPLES:
+                frame = np.concatenate([frame, silence[: INPUT_FRAME_SAMPLES - frame.shape[0]]])
+            i += 1
+            self._tick(frame)
+            done_audio = i >= len(frames)
+            if done_audio and time.monotonic() - start >= seconds and (until is None or until(self)):
+                return
+            if until is not None and done_audio and seconds == 0 and until(self):
+                return
+            self._next += 0.02
+            delay = self._next - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                self._next = time.monotonic()
+
+    # --- queries -------------------------------------------------------------------------------------------
+    def of(self, kind: type) -> list:
+        return [e for _, e in self.events if isinstance(e, kind)]
+
+    def timed(self, kind: type) -> list[tuple[float, object]]:
+        return [(t, e) for t, e in self.events if isinstance(e, kind)]
+
+    def audio_of_turn(self, turn_id: int) -> np.ndarray:
+        parts = [pl.pcm for pl in self.played if pl.turn_id == turn_id]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
+
+    def reply_done(self, turn_id: int | None = None) -> bool:
+        return any(turn_id is None or e.turn_id == turn_id for e in self.of(p.ReplyDone))
+
+    def played_seconds(self) -> float:
+        return sum(pl.pcm.shape[0] for pl in self.played) / ENGINE_OUTPUT_RATE
