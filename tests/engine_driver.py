@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,8 @@ class SessionDriver:
     #: (wall time, ring epoch) every time the driver saw the epoch word change.
     epoch_changes: list[tuple[float, int]] = field(default_factory=list)
     input_frames: int = 0
+    #: Wall time at which the frame holding a marked input sample was written (see ``run(mark_sample=...)``).
+    marks: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._buf = np.zeros(1 << 16, dtype=np.int16)
@@ -74,9 +77,18 @@ class SessionDriver:
         while not s.events.empty():
             self.events.append((time.monotonic(), s.events.get_nowait()))
 
-    async def run(self, audio: np.ndarray | None = None, *, seconds: float = 0.0, until=None) -> None:
+    async def run(
+        self,
+        audio: np.ndarray | None = None,
+        *,
+        seconds: float = 0.0,
+        until: Callable[[SessionDriver], bool] | None = None,
+        mark_sample: int | None = None,
+    ) -> None:
         """Feed ``audio`` (16 kHz int16) then silence, at real time, for at least ``seconds`` in total or until
-        ``until(driver)`` is true (checked every tick)."""
+        ``until(driver)`` is true (checked every tick). With ``mark_sample``, the wall time at which the frame
+        holding that sample of ``audio`` is written goes to :attr:`marks`."""
+        mark_frame = None if mark_sample is None else mark_sample // INPUT_FRAME_SAMPLES
         frames = (
             []
             if audio is None
@@ -89,8 +101,10 @@ class SessionDriver:
             frame = frames[i] if i < len(frames) else silence
             if frame.shape[0] < INPUT_FRAME_SAMPLES:
                 frame = np.concatenate([frame, silence[: INPUT_FRAME_SAMPLES - frame.shape[0]]])
-            i += 1
             self._tick(frame)
+            if i == mark_frame:
+                self.marks.append(time.monotonic())
+            i += 1
             done_audio = i >= len(frames)
             if done_audio and time.monotonic() - start >= seconds and (until is None or until(self)):
                 return

@@ -160,11 +160,15 @@ def synthesize_speech(
     clip, the speech included. Deterministic for given arguments."""
     raw, raw_rate = _piper_raw(text)
     speech = raw if raw_rate == rate else soxr.resample(raw, raw_rate, rate, quality="HQ")
-    clip = np.concatenate([silence(lead_silence_ms, rate), speech.astype(np.int16), silence(tail_silence_ms, rate)])
+    clip = np.concatenate(
+        [silence(lead_silence_ms, rate), speech.astype(np.int16), silence(tail_silence_ms, rate)]
+    )
     return clip if noise_db is None else add_noise(clip, noise_db, seed)
 
 
-def speech_bounds_ms(pcm: npt.NDArray[np.int16], rate: int = 16_000, floor_db: float = -45.0) -> tuple[int, int]:
+def speech_bounds_ms(
+    pcm: npt.NDArray[np.int16], rate: int = 16_000, floor_db: float = -45.0
+) -> tuple[int, int]:
     """First and last millisecond where the 10 ms RMS of a clean clip exceeds ``floor_db``: the ground
     truth that VAD tests compare against."""
     win = rate // 100

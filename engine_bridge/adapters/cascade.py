@@ -726,7 +726,19 @@ class CascadeAdapter(ModelAdapter):
     def _on_token(self, session: DuplexSession, st: _CascadeState, out: Any) -> None:
         r = st.reply
         assert r is not None
-        clauses = r.splitter.push(out.text) if out.text else []
+        clauses: list[str] = []
+        first_cut = self.settings.turn_taking.first_clause_words
+        if (
+            first_cut
+            and r.clauses_sent == 0
+            and out.text[:1].isspace()
+            and len(r.splitter.pending_text.split()) >= first_cut
+        ):
+            # Voice the first words now instead of waiting for the end of the sentence: the caller hears the
+            # answer start a few tokens earlier, at the cost of a small prosody break after them.
+            clauses += r.splitter.flush()
+        if out.text:
+            clauses += r.splitter.push(out.text)
         if out.text:
             r.text += out.text
         if out.done:
@@ -876,6 +888,9 @@ class CascadeAdapter(ModelAdapter):
                     ),
                     "reply_start_to_first_clause_ms": round(
                         ((r.first_clause_wall or r.started_wall) - r.started_wall) * 1000, 1
+                    ),
+                    "tts_first_chunk_ms": round(
+                        (r.first_audio_wall - (r.first_clause_wall or r.started_wall)) * 1000, 1
                     ),
                 }
             )

@@ -64,6 +64,8 @@ _UNSPEAKABLE_CATEGORIES = frozenset({"So", "Sk", "Co", "Cs", "Cn", "Cf"})
 # Symbols that are worth saying as words; everything else in "So"/"Sk" is dropped.
 _SAY_SYMBOLS = {"&": " and ", "%": " percent", "°": " degrees", "+": " plus ", "=": " equals "}
 _VARIATION_SELECTORS = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]")
+# Removing an emoji before a "!" leaves "word !"; the voice would not care, but transcripts would.
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.!?;:…])")
 _SPEAKABLE_CHAR = re.compile(r"[A-Za-z0-9À-ɏͰ-ϿЀ-ӿ]")
 
 
@@ -92,7 +94,9 @@ def clean_for_tts(text: str) -> str:
             out.append(" ")
         else:
             out.append(ch)
-    cleaned = _SPACES.sub(" ", "".join(out)).strip()
+    cleaned = _SPACE_BEFORE_PUNCT.sub(r"\1", _SPACES.sub(" ", "".join(out))).strip()
+    # Punctuation left at the start (from a stripped emoji or bullet) would be voiced as a pause or click.
+    cleaned = cleaned.lstrip(" ,.!?;:…-–—")
     # A clause of only punctuation ("...", "!") would make the voice produce a click or nothing.
     if not _SPEAKABLE_CHAR.search(cleaned):
         return ""

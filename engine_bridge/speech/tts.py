@@ -300,7 +300,9 @@ class EspeakSynthesizer(Synthesizer):
 
     name: ClassVar[str] = "espeak"
 
-    def __init__(self, voice: str = "en-us", *, rate_wpm: int = 165, pitch: int = 50, volume: int = 100) -> None:
+    def __init__(
+        self, voice: str = "en-us", *, rate_wpm: int = 165, pitch: int = 50, volume: int = 100
+    ) -> None:
         if not 80 <= rate_wpm <= 450:
             raise ValueError("rate_wpm must be 80-450")
         self._lib = _espeak()

@@ -16,7 +16,7 @@ import importlib.util
 import math
 import threading
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -50,7 +50,7 @@ _SILERO_HYSTERESIS = 0.15
 _WEBRTC_FRAME_MS = (10, 20, 30)
 
 
-class VADEngine(str, Enum):
+class VADEngine(StrEnum):
     WEBRTC = "webrtc"
     SILERO = "silero"
 
@@ -275,7 +275,6 @@ class TurnDetector:
         s = self._settings
         self._classifier = _make_classifier(s)
         self._frame = self._classifier.frame_samples
-        self._frame_ms = s.effective_frame_ms
         # The ring holds a whole number of frames so that a frame is always contiguous in it.
         frames = math.ceil((s.max_utterance_ms * _SAMPLES_PER_MS) / self._frame) + 2
         self._ring = np.zeros(frames * self._frame, dtype=np.int16)
@@ -384,7 +383,8 @@ class TurnDetector:
             self._voiced += self._frame
         if frame_end - self._last_speech_end >= self._silence_end:
             self._end_turn(events, frame_end, forced=False)
-        elif frame_end - max(self._turn_start - self._pad, self._base) >= self._max_span:
+        elif frame_end + self._frame - max(self._turn_start - self._pad, self._base) > self._max_span:
+            # One more frame would make the turn longer than the cap, so it ends here.
             self._last_speech_end = frame_end
             self._end_turn(events, frame_end, forced=True)
 

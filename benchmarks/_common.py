@@ -1,0 +1,39 @@
+"""Helpers shared by the benchmarks: statistics and the one-JSON-line ending."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """Percentile with linear interpolation (numpy's default), nan for no values."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float):
+        return None if value != value else round(value, 2)  # NaN is not JSON
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def finish(result: dict[str, Any]) -> None:
+    """The last line of every benchmark: one JSON object with its figures (NaN becomes null)."""
+    print(json.dumps(_clean(result), default=str), flush=True)

@@ -1,0 +1,123 @@
+"""ASR on real Piper speech: faster-whisper tiny.en and pocketsphinx, both loaded once for the module."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from engine_bridge.speech.asr import (
+    PocketsphinxTranscriber,
+    Transcriber,
+    Transcript,
+    WhisperTranscriber,
+    make_transcriber,
+)
+from engine_bridge.speech.text import text_words
+from tests.speech_fixtures import noise, silence, synthesize_speech
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def whisper() -> Transcriber:
+    t = make_transcriber("whisper", threads=1)
+    t.warmup()
+    return t
+
+
+@pytest.fixture(scope="module")
+def sphinx() -> Transcriber:
+    return make_transcriber("pocketsphinx", threads=1)
+
+
+@pytest.fixture(scope="module")
+def question() -> npt.NDArray[np.int16]:
+    # Shaped like what the VAD hands over: 300 ms prefix padding, 200 ms tail, low background noise.
+    return synthesize_speech(QUESTION, lead_silence_ms=300, tail_silence_ms=200, noise_db=-50.0)
+
+
+def test_whisper_transcribes_the_question(whisper: Transcriber, question: npt.NDArray[np.int16]) -> None:
+    assert isinstance(whisper, WhisperTranscriber) and whisper.name == "whisper"
+    result = whisper.transcribe(question)
+    words = text_words(result.text)
+    assert "capital" in words and "france" in words, result.text
+    assert result.audio_ms == len(question) * 1000 // 16_000
+    assert result.elapsed_ms > 0
+    # Word times are measured, ordered, and inside the audio.
+    assert result.word_timing_measured and len(result.words) >= 5
+    starts = [w.start_ms for w in result.words]
+    assert starts == sorted(starts)
+    for w in result.words:
+        assert 0 <= w.start_ms <= w.end_ms <= result.audio_ms + 50
+    print(f"whisper: {result.text!r} in {result.elapsed_ms:.0f} ms for {result.audio_ms} ms of audio")
+
+
+def test_whisper_latency_on_a_two_second_utterance(whisper: Transcriber) -> None:
+    pcm = synthesize_speech("Set a timer for ten minutes.", lead_silence_ms=300, tail_silence_ms=200)
+    assert 1500 <= len(pcm) * 1000 // 16_000 <= 3000
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        result = whisper.transcribe(pcm)
+        times.append(time.perf_counter() - t0)
+    assert "timer" in text_words(result.text), result.text
+    best = min(times)
+    print(f"whisper tiny.en int8, 1 thread: best {best:.2f} s for {len(pcm) / 16_000:.2f} s of audio")
+    # ~0.5 s on a quiet CPU; the bound only catches a broken configuration (beam search, fallback, fp32).
+    assert best < 2.5
+
+
+def test_pocketsphinx_gives_words_with_times(sphinx: Transcriber, question: npt.NDArray[np.int16]) -> None:
+    assert isinstance(sphinx, PocketsphinxTranscriber) and sphinx.name == "pocketsphinx"
+    result = sphinx.transcribe(question)
+    assert text_words(result.text), result
+    assert result.word_timing_measured
+    assert [w.text for w in result.words] == result.text.split()
+    for w in result.words:
+        assert 0 <= w.start_ms < w.end_ms <= result.audio_ms + 20
+    print(f"pocketsphinx: {result.text!r} in {result.elapsed_ms:.0f} ms")
+
+
+@pytest.mark.parametrize("which", ["whisper", "sphinx"])
+def test_silence_and_noise_give_empty_text(which: str, request: pytest.FixtureRequest) -> None:
+    asr: Transcriber = request.getfixturevalue(which)
+    for pcm in (silence(1000), np.zeros(0, dtype=np.int16), noise(50, -20.0)):
+        result = asr.transcribe(pcm)
+        assert result == Transcript(text="", audio_ms=len(pcm) * 1000 // 16_000)
+        assert result.is_empty
+    if which == "whisper":
+        # Whisper answers low noise with a bare ". . ." segment; it must not come out as text.
+        assert asr.transcribe(noise(1000, -50.0, seed=0)).text == ""
+
+
+def test_rejects_non_int16(whisper: Transcriber) -> None:
+    with pytest.raises(TypeError):
+        whisper.transcribe(np.zeros(16_000, dtype=np.float32))  # type: ignore[arg-type]
+
+
+def test_one_instance_serves_two_threads(sphinx: Transcriber, question: npt.NDArray[np.int16]) -> None:
+    expected = sphinx.transcribe(question).text
+    results: list[str] = []
+
+    def work() -> None:
+        results.append(sphinx.transcribe(question).text)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert results == [expected, expected]
+
+
+def test_factory_names() -> None:
+    with pytest.raises(ValueError, match="unknown transcriber"):
+        make_transcriber("vosk", threads=1)
+    with pytest.raises(ValueError):
+        WhisperTranscriber(threads=0)
