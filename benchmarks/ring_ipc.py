@@ -74,11 +74,12 @@ The ring consumer's poll (the design choice that decides the ring's CPU *and* la
 --------------------------------------------------------------------------------------
 The ring has no doorbell, so the consumer polls like an engine thread would, but cheaply: one pass reads every
 ring's ``write_cursor`` (one shared-memory word each) and compares it with its own read positions; only rings
-whose cursor moved get a ``read_into``; and when a pass finds nothing it sleeps ``--poll-sleep-us`` (default
-500 us, about 0.57 ms on Linux with the default 50 us timer slack). It never busy-spins: on a box whose two vCPUs
-are shared, a spinning consumer would steal the producer's CPU and report its own greed as ring cost. The empty
-passes and the sleep/wake cycles are the price of having no doorbell and are charged to the ring, not to the
-harness. ``--poll-sleep-us 10000`` approximates the engine's real 10 ms audio tick (less CPU, ~10 ms latency).
+whose cursor moved get a ``read_into``; and when a pass finds nothing it waits on the engine's doorbell
+(``engine_bridge.doorbell``: a FIFO the producer rings once per event-loop iteration, exactly as
+``EngineClient.ring_doorbell`` does for the media plane), with ``--poll-sleep-us`` (default 10 ms, the engine's
+audio tick) as the fallback timeout. The doorbell's syscalls on both sides are charged to the ring. With
+``--no-doorbell`` the consumer polls on a timer instead (default 500 us sleep after an empty pass); it never
+busy-spins: on a box whose two vCPUs are shared, a spinning consumer would steal the producer's CPU.
 WebSocket and ZMQ consumers are event-driven and need no such choice.
 
 Output: progress on stderr; a table and a legend on stdout; the last stdout line is one JSON object (keys in
@@ -91,6 +92,7 @@ transports: about 2.5 minutes) or ``--quick`` (2 s per configuration at 1 and 50
 
 from __future__ import annotations
 
+import abc
 import argparse
 import asyncio
 import base64
@@ -110,6 +112,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
@@ -118,6 +121,7 @@ import zmq
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import Server, ServerConnection, serve
 
+from engine_bridge.doorbell import Doorbell, DoorbellButton
 from engine_bridge.ring import IngressRing, list_our_segments, unlink_segment
 
 SAMPLE_RATE: Final = 16_000
@@ -149,6 +153,8 @@ class Cfg:
     frames: int  # per stream
     poll_sleep_s: float
     run_dir: str  # a private temporary folder (ZMQ ipc endpoint)
+    #: The ring consumer sleeps on the engine's doorbell (engine_bridge.doorbell) rather than a timer.
+    doorbell: bool = True
 
     @property
     def total(self) -> int:
@@ -264,15 +270,15 @@ class Tally:
 # --- producer side: one sender per transport, one tick loop for all ----------------------------------------
 
 
-class Sender:
+class Sender(abc.ABC):
     async def setup(self, cfg: Cfg) -> dict[str, Any]:
         return {}
 
     async def connect(self, peer: dict[str, Any]) -> None:
         return None
 
-    async def send(self, stream: int, payload: bytes) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def send(self, stream: int, payload: bytes) -> None: ...
 
     async def close(self) -> None:
         return None
@@ -282,27 +288,48 @@ class Sender:
 
 
 class RingSender(Sender):
+    """Writes each stream's ring, then rings the consumer's doorbell once per event-loop iteration (the same
+    coalescing as ``EngineClient.ring_doorbell``: one syscall for all the frames written in that iteration)."""
+
     def __init__(self) -> None:
         self.rings: list[IngressRing] = []
         self.overruns = 0
+        self.bell: DoorbellButton | None = None
+        self._bell_pending = False
+        self.bells = 0
 
     async def setup(self, cfg: Cfg) -> dict[str, Any]:
         for _ in range(cfg.streams):
             self.rings.append(IngressRing.create(RING_CAPACITY_SAMPLES, SAMPLE_RATE))
         return {"names": [r.name for r in self.rings]}
 
+    async def connect(self, peer: dict[str, Any]) -> None:
+        if peer.get("doorbell"):
+            self.bell = DoorbellButton(peer["doorbell"])
+
     async def send(self, stream: int, payload: bytes) -> None:
         # A full ring drops the new frame (the ring's own overrun policy); the consumer then sees a gap.
         if not self.rings[stream].write(np.frombuffer(payload, dtype=np.int16)):
             self.overruns += 1
+        if self.bell is not None and not self._bell_pending:
+            self._bell_pending = True
+            asyncio.get_running_loop().call_soon(self._ring)
+
+    def _ring(self) -> None:
+        self._bell_pending = False
+        self.bells += 1
+        assert self.bell is not None
+        self.bell.ring()
 
     async def close(self) -> None:
         for r in self.rings:
             r.close()  # the owner unlinks
         self.rings.clear()
+        if self.bell is not None:
+            self.bell.close()
 
     def stats(self) -> dict[str, Any]:
-        return {"overruns": self.overruns}
+        return {"overruns": self.overruns, "doorbell_rings": self.bells}
 
 
 class WsSender(Sender):
@@ -431,7 +458,7 @@ async def _producer(conn: Connection, cfg: Cfg) -> None:
 # --- consumer side ------------------------------------------------------------------------------------------
 
 
-class Sink:
+class Sink(abc.ABC):
     def __init__(self, cfg: Cfg, tally: Tally) -> None:
         self.cfg = cfg
         self.tally = tally
@@ -442,8 +469,8 @@ class Sink:
     async def connect(self, peer: dict[str, Any]) -> None:
         return None
 
-    async def run(self, hard_deadline_ns: int) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def run(self, hard_deadline_ns: int) -> None: ...
 
     async def close(self) -> None:
         return None
@@ -453,11 +480,21 @@ class Sink:
 
 
 class RingSink(Sink):
+    """Reads like the engine's audio thread: a pass over every ring, then sleep on the doorbell (the engine's
+    own primitive) until a producer rings or the fallback timeout passes."""
+
     def __init__(self, cfg: Cfg, tally: Tally) -> None:
         super().__init__(cfg, tally)
         self.rings: list[IngressRing] = []
         self.passes = 0
         self.sleeps = 0
+        self.bell: Doorbell | None = None
+
+    async def setup(self) -> dict[str, Any]:
+        if not self.cfg.doorbell:
+            return {}
+        self.bell = Doorbell(Path(tempfile.mkdtemp(prefix="lko-bench-")) / "consumer.bell")
+        return {"doorbell": str(self.bell.path)}
 
     async def connect(self, peer: dict[str, Any]) -> None:
         for name in peer["names"]:
@@ -471,6 +508,7 @@ class RingSink(Sink):
         rings = self.rings
         tally = self.tally
         sleep_s = self.cfg.poll_sleep_s
+        bell = self.bell
         buf = np.zeros(RING_READ_FRAMES * FRAME_SAMPLES, dtype=np.int16)
         pos = [r.read_cursor for r in rings]  # our own read position, in bytes (we are the only reader)
         indexes = range(len(rings))
@@ -486,7 +524,10 @@ class RingSink(Sink):
                 if monotonic_ns() > hard_deadline_ns:
                     break
                 sleeps += 1
-                time.sleep(sleep_s)
+                if bell is not None:
+                    bell.wait(sleep_s)
+                else:
+                    time.sleep(sleep_s)
                 continue
             for i in indexes:
                 if cur[i] == pos[i]:
@@ -508,6 +549,8 @@ class RingSink(Sink):
         for r in self.rings:
             r.close()  # detach only; the producer owns and unlinks
         self.rings.clear()
+        if self.bell is not None:
+            self.bell.close()
 
 
 class WsSink(Sink):
@@ -1044,10 +1087,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--poll-sleep-us",
         type=float,
-        default=500.0,
-        help="ring consumer: sleep after a pass over all rings that found nothing (default 500)",
+        default=None,
+        help="ring consumer: wait after a pass over all rings that found nothing: on the doorbell (default "
+        "10000, the engine's tick, as a fallback) or, with --no-doorbell, a plain sleep (default 500)",
+    )
+    ap.add_argument(
+        "--no-doorbell",
+        action="store_true",
+        help="ring consumer polls on a timer instead of waiting on the engine's doorbell FIFO",
     )
     args = ap.parse_args(argv)
+    if args.poll_sleep_us is None:
+        args.poll_sleep_us = 500.0 if args.no_doorbell else 10_000.0
     if args.duration is None:
         args.duration = 2.0 if args.quick else 10.0
     if args.streams is None:
@@ -1107,7 +1158,9 @@ def _run(args: argparse.Namespace) -> int:
                 null_row: dict[str, Any] | None = None
                 for transport in args.transports:
                     prod, cons = pairs[transport]
-                    cfg = Cfg(transport, n, frames, args.poll_sleep_us / 1e6, run_dir)
+                    cfg = Cfg(
+                        transport, n, frames, args.poll_sleep_us / 1e6, run_dir, doorbell=not args.no_doorbell
+                    )
                     _log(f"[{transport}] {n} stream(s), {frames} frames each ({args.duration:g} s) ...")
                     r = _run_config(prod, cons, cfg, ring_names)
                     if transport == BASELINE:

@@ -13,8 +13,11 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
+import numpy as np
+
 from engine_bridge import protocol as p
 from engine_bridge.control import Address, ControlClient, EngineLostError, EngineRequestError
+from engine_bridge.doorbell import DoorbellButton
 from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE
 from engine_bridge.ring import RingPair
 
@@ -39,6 +42,21 @@ class EngineSession:
         self.events: asyncio.Queue[p.SessionEvent] = asyncio.Queue(EVENT_QUEUE_LIMIT)
         self.closed = False
         self.close_reason = ""
+
+    # --- audio -----------------------------------------------------------------------------------------------
+    def write_ingress(self, pcm: np.ndarray) -> bool:
+        """Write caller audio (int16, engine input rate) and ring the engine's doorbell (coalesced per event-loop
+        iteration). False when the ring is full (counted as an overrun in its header)."""
+        if self.closed:
+            return False
+        ok = self.rings.ingress.write(pcm)
+        self.client.ring_doorbell()
+        return ok
+
+    def ring_doorbell(self) -> None:
+        """Tell the engine new caller audio is in the ingress ring (for writers that write the ring directly)."""
+        if not self.closed:
+            self.client.ring_doorbell()
 
     # --- commands ------------------------------------------------------------------------------------------
     async def append_text(self, kind: str, text: str) -> dict[str, Any]:
@@ -103,6 +121,8 @@ class EngineClient:
         self.lost = False
         self._control: ControlClient | None = None
         self._lost_event = asyncio.Event()
+        self._bell: DoorbellButton | None = None
+        self._bell_pending = False
 
     @classmethod
     async def connect(
@@ -113,7 +133,21 @@ class EngineClient:
         self._control = await ControlClient.connect(
             addr, on_event=self._on_event, on_lost=self._on_lost, timeout=timeout, client_name=client_name
         )
+        if self.hello.get("doorbell"):
+            self._bell = DoorbellButton(self.hello["doorbell"])
         return self
+
+    def ring_doorbell(self) -> None:
+        """Wake the engine's audio thread once for everything written in this event-loop iteration."""
+        if self._bell is None or self._bell_pending:
+            return
+        self._bell_pending = True
+        asyncio.get_running_loop().call_soon(self._ring_now)
+
+    def _ring_now(self) -> None:
+        self._bell_pending = False
+        if self._bell is not None:
+            self._bell.ring()
 
     @property
     def hello(self) -> dict[str, Any]:
@@ -168,6 +202,8 @@ class EngineClient:
             await session.close("client_shutdown", timeout=2.0)
         if self._control is not None:
             await self._control.close()
+        if self._bell is not None:
+            self._bell.close()
 
     def _on_event(self, ev: p.SessionEvent) -> None:
         session = self.sessions.get(ev.session_id)

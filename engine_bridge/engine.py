@@ -32,6 +32,7 @@ from engine_bridge import protocol as p
 from engine_bridge.adapters import ModelAdapter, make_adapter
 from engine_bridge.config import EngineSettings
 from engine_bridge.control import Address, ControlServer, ServerConnection
+from engine_bridge.doorbell import Doorbell
 from engine_bridge.ring import RingError, RingPair, remove_orphan_segments
 from engine_bridge.session import DuplexSession, InterruptRequest, MuteChange, TextAppend
 
@@ -115,6 +116,7 @@ class Engine:
         self._threads: list[threading.Thread] = []
         self.started_at = time.monotonic()
         self.audio_tick_overruns = 0
+        self.doorbell: Doorbell | None = None
         # Workers of the adapter (ASR, TTS) wake the scheduler when their results land in a mailbox.
         self.adapter.wake = self._wake
 
@@ -168,6 +170,8 @@ class Engine:
             t.join(timeout=2.0)
         if self._server is not None:
             await self._server.close()
+        if self.doorbell is not None:
+            self.doorbell.close()
 
     def health(self) -> dict[str, Any]:
         return {
@@ -181,6 +185,7 @@ class Engine:
             "rejected_sessions": self.manager.rejected,
             "uptime_s": round(time.monotonic() - self.started_at, 1),
             "rss_bytes": psutil.Process().memory_info().rss,
+            "doorbell": str(self.doorbell.path) if self.doorbell else "",
             "audio_tick_overruns": self.audio_tick_overruns,
             **self.adapter.describe(),
         }
@@ -368,13 +373,19 @@ class Engine:
                     if self._loop is not None:
                         asyncio.run_coroutine_threadsafe(self._close_session(s, "error"), self._loop)
                     s.closing = True
-            next_tick += AUDIO_TICK_S
+            now = time.monotonic()
+            if now >= next_tick:
+                next_tick += AUDIO_TICK_S
+                if now - next_tick > AUDIO_TICK_S:  # fell behind by more than a tick: count it, don't burst
+                    self.audio_tick_overruns += 1
+                    next_tick = now + AUDIO_TICK_S
+            # Sleep until the next tick, or until a producer rings: caller audio is read the moment it lands.
             delay = next_tick - time.monotonic()
             if delay > 0:
-                time.sleep(delay)
-            else:
-                self.audio_tick_overruns += 1
-                next_tick = time.monotonic()
+                if self.doorbell is not None:
+                    self.doorbell.wait(delay)
+                else:
+                    time.sleep(delay)
 
     def _pump(self, s: DuplexSession, buf: np.ndarray) -> None:
         ingress = s.rings.ingress
