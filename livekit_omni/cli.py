@@ -35,7 +35,9 @@ def _serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
-        ws_max_size=settings.limits.max_message_bytes,
+        # Twice the facade's limit: a message over the limit gets a `message_too_large` error event from the facade
+        # instead of a bare protocol close (1009) from uvicorn.
+        ws_max_size=2 * settings.limits.max_message_bytes,
         ws_ping_interval=20.0,
         ws_ping_timeout=20.0,
         lifespan="on",

@@ -184,7 +184,11 @@ class TokenLog:
         return done
 
     def _last_open(self) -> Segment:
-        if not self.segments or self.segments[-1].complete or self.segments[-1].content_end != len(self.tokens):
+        if (
+            not self.segments
+            or self.segments[-1].complete
+            or self.segments[-1].content_end != len(self.tokens)
+        ):
             raise ThinkerStateError("the token log has no open segment to extend")
         return self.segments[-1]
 
@@ -203,7 +207,12 @@ class TokenLog:
                 text = decode(self.tokens[content_start:content_end])
                 kept.append(
                     dataclasses.replace(
-                        seg, text=text, content_start=content_start, content_end=content_end, end=k, complete=False
+                        seg,
+                        text=text,
+                        content_start=content_start,
+                        content_end=content_end,
+                        end=k,
+                        complete=False,
                     )
                 )
         self.segments = kept
@@ -233,13 +242,16 @@ class Checkpoint:
 class AppendResult:
     #: Tokens this call added to the log.
     new_tokens: int
-    #: Tokens computed into the KV by this call (the new ones; after a trim, the whole rebuilt log).
+    #: Tokens this message costs to compute: the new ones (plus any earlier deferred ones), or after a trim
+    #: the whole rebuilt log. Computed by this call, or by the session's next forward pass when deferred.
     prefill_tokens: int
     #: Tokens whose KV was reused instead of recomputed.
     cached_tokens: int
     log_len: int
-    #: True when this append trimmed old turns and rebuilt the cache.
+    #: True when this append trimmed old turns (the cache is rebuilt once from the trimmed log).
     trimmed: bool = False
+    #: True when the prefill was left to the next forward pass (``append(..., prefill=False)``).
+    deferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,9 +307,9 @@ class ThinkerBackend(ABC):
 
     The interface is synchronous on purpose: the engine runs one worker thread per backend, and a vLLM
     streaming-input backend (engine-backends.md §4.5) maps onto it as follows: ``open``/``append`` = a
-    ``StreamingInput`` chunk with ``max_tokens=1``; ``begin_reply`` + ``step`` = a generation chunk read one
-    token per step; ``end_reply(committed)``/``rollback`` = abort + re-open from the log (prefix cache hit),
-    with ``caps.exact_rollback`` False.
+    ``StreamingInput`` chunk with ``max_tokens=1`` (a deferred ``append`` rides in the generation chunk);
+    ``begin_reply`` + ``step`` = a generation chunk read one token per step; ``end_reply(committed)`` and
+    ``rollback`` = abort + re-open from the log (prefix-cache hit), with ``caps.exact_rollback`` False.
     """
 
     caps: ThinkerCaps
@@ -321,11 +333,15 @@ class ThinkerBackend(ABC):
         """
 
     @abstractmethod
-    def append(self, sid: str, role: Role, text: str, *, epoch: int | None = None) -> AppendResult:
+    def append(
+        self, sid: str, role: Role, text: str, *, epoch: int | None = None, prefill: bool = True
+    ) -> AppendResult:
         """Add one message (user, developer context, or a whole assistant message) and prefill only its tokens.
 
-        Near ``caps.max_context`` the oldest turns are dropped (the system segment stays) and the cache is
-        rebuilt once; this never raises for a long conversation.
+        ``prefill=False`` leaves the computation to the session's next forward pass: when a reply follows
+        at once, its first ``step`` computes the message and the assistant header in one pass, which saves
+        one pass from the time to first token. Near ``caps.max_context`` the oldest turns are dropped (the
+        system segment stays) and the cache is rebuilt once; this never raises for a long conversation.
         """
 
     @abstractmethod
@@ -337,7 +353,13 @@ class ThinkerBackend(ABC):
 
     @abstractmethod
     def step(self, sids: Sequence[str]) -> dict[str, StepOutput]:
-        """One forward pass producing one token for each given session (all must be generating)."""
+        """One forward pass producing one token for each given session.
+
+        Every given session must be generating and not yet done (a done session waits for ``end_reply``).
+        Pass all generating sessions on every tick: a batching backend keeps its batched state while the set
+        is unchanged, and regroups (copies the sessions' KV once) when it changes. The first step of a reply
+        also feeds the assistant header (and any deferred message) in the same pass.
+        """
 
     @abstractmethod
     def end_reply(self, sid: str, committed_text: str | None = None) -> None:

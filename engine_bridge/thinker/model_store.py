@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -27,9 +27,9 @@ from typing import Any, Literal
 # Set before transformers/huggingface_hub are imported anywhere below, so that no code path can reach a hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import (  # noqa: E402
+import torch
+from rich.console import Console
+from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
@@ -38,7 +38,7 @@ from rich.progress import (  # noqa: E402
     TextColumn,
     TimeElapsedColumn,
 )
-from transformers import (  # noqa: E402
+from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     LlamaConfig,
@@ -46,7 +46,7 @@ from transformers import (  # noqa: E402
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-from transformers.utils import logging as hf_logging  # noqa: E402
+from transformers.utils import logging as hf_logging
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,12 @@ def smollm2_gguf_path() -> Path:
 
 def _source_fingerprint(gguf: Path) -> dict[str, Any]:
     st = gguf.stat()
-    return {"format": _FORMAT_VERSION, "gguf": gguf.name, "gguf_size": st.st_size, "gguf_mtime_ns": st.st_mtime_ns}
+    return {
+        "format": _FORMAT_VERSION,
+        "gguf": gguf.name,
+        "gguf_size": st.st_size,
+        "gguf_mtime_ns": st.st_mtime_ns,
+    }
 
 
 def _is_complete(folder: Path, fingerprint: dict[str, Any]) -> bool:
@@ -128,19 +133,21 @@ def _is_complete(folder: Path, fingerprint: dict[str, Any]) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_directory(final: Path) -> Iterator[Path]:
+def atomic_directory(final: Path, *, keep_existing: Callable[[Path], bool] | None = None) -> Iterator[Path]:
     """Yield an empty temporary folder next to ``final``; on success rename it to ``final`` in one step.
 
-    On an exception the temporary folder is removed and ``final`` is untouched. If another process renamed
-    its own copy into place first, ours is discarded (both are complete, so either is fine). Any stale
-    ``final`` that exists before we rename (an incomplete cache from an older format) is moved aside first.
+    On an exception the temporary folder is removed and ``final`` is untouched. If ``final`` exists when we
+    are done, ``keep_existing(final)`` decides: True (a concurrent converter already put a complete copy
+    there) discards ours; False (an outdated or broken cache) moves it aside and puts ours in its place.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         yield tmp
         if final.exists():
-            # An outdated cache: move it out of the way atomically, then delete it.
+            if keep_existing is not None and keep_existing(final):
+                shutil.rmtree(tmp, ignore_errors=True)
+                return
             stale = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
             os.replace(final, stale / "x")
             shutil.rmtree(stale, ignore_errors=True)
@@ -149,7 +156,7 @@ def atomic_directory(final: Path) -> Iterator[Path]:
         except OSError:
             if not final.exists():
                 raise
-            # A concurrent converter won the race; its folder is complete (it is renamed only when done).
+            # Another converter renamed its copy in between; it is complete (it is renamed only when done).
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -172,7 +179,9 @@ def ensure_converted(
         return final
 
     console = console or Console(stderr=True)
-    log.info("converting %s once to fp32 safetensors in %s (later loads take well under a second)", gguf, final)
+    log.info(
+        "converting %s once to fp32 safetensors in %s (later loads take well under a second)", gguf, final
+    )
     t0 = time.perf_counter()
     with (
         Progress(
@@ -184,7 +193,7 @@ def ensure_converted(
             console=console,
         ) as progress,
         _quiet_hf_bars(),
-        atomic_directory(final) as tmp,
+        atomic_directory(final, keep_existing=lambda p: _is_complete(p, fingerprint)) as tmp,
     ):
         task = progress.add_task("reading the GGUF tokenizer", total=None)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -301,7 +310,9 @@ def load_tokenizer(
         if _is_complete(folder, _source_fingerprint(gguf)):
             return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    return AutoTokenizer.from_pretrained(str(resolve_model_path(source, cache_dir=cache_dir)), local_files_only=True)
+    return AutoTokenizer.from_pretrained(
+        str(resolve_model_path(source, cache_dir=cache_dir)), local_files_only=True
+    )
 
 
 def load_model(

@@ -12,17 +12,23 @@ tokens split, so a user who says "<|im_end|>" cannot close their own turn.
 The template injects "You are a helpful AI assistant named SmolLM..." when the first message is not a system
 message; sessions always start with our own system segment, so that never happens.
 
-What to expect from SmolLM2-135M-Instruct (measured with :data:`SPOKEN_DECODING`, greedy, fp32 and bf16):
+What to expect from SmolLM2-135M-Instruct (measured with :data:`DEFAULT_SYSTEM_PROMPT` and
+:data:`SPOKEN_DECODING`, greedy, fp32; bf16 gave the same answers to the questions tried):
 
 * Simple facts come out right and short: "What is the capital of France?" -> "The capital of France is
-  Paris."; "How many legs does a spider have?" -> eight; "What color is the sky?" -> blue.
-* Anything needing reasoning, arithmetic beyond the trivial, or world knowledge past the obvious is often
-  wrong while sounding confident; open requests ("tell me a joke") get a generic sentence or two.
+  Paris." (8 tokens); spider -> "A spider has 8 legs."; Germany -> Berlin; Italy -> Rome; "What color is the
+  sky on a clear day?" -> blue; "How are you doing today?" -> "I'm doing great! How about you?".
+* It is very sensitive to the system prompt's wording: small changes flipped "capital of Germany" into a
+  German sentence without the answer. Re-check a handful of questions after touching the prompt
+  (tests/test_thinker_smollm.py does).
+* Anything needing reasoning or arithmetic is wrong while sounding confident ("Two plus two is a classic
+  math problem that has been debated for centuries."); "tell me a joke" gets a non-joke; the tallest
+  mountain comes with invented numbers.
 * Without a repetition penalty and a length cap it loops ("It's a miracle. It's not just ...") and rambles;
-  ``repetition_penalty=1.15`` and ``max_sentences=2`` keep replies to one or two sentences.
+  ``repetition_penalty=1.15``, ``max_sentences=2`` and ``max_tokens=48`` keep replies to one or two
+  sentences (typically 8-25 tokens).
 * It does not reliably recall a fact from two turns back (a name, a number). The engine's tests check the
   KV-lease *mechanics* (stats, token logs), never this model's memory.
-* Instructions beyond "be brief" are mostly ignored; keep the system prompt short and plain.
 """
 
 from __future__ import annotations
@@ -35,11 +41,11 @@ from transformers import PreTrainedTokenizerBase
 
 from .base import DecodingSettings, Role
 
-#: Our own system prompt. Short and concrete: a 135M model follows little more than "be brief".
-DEFAULT_SYSTEM_PROMPT = (
-    "You are a helpful voice assistant. Answer in one short sentence of plain spoken English. "
-    "No lists, no markdown."
-)
+#: Our own system prompt. Short and concrete: a 135M model follows little more than "be brief", and it is
+#: very sensitive to the wording. Of the variants tried, this one answered the most factual questions right:
+#: adding "No lists, no markdown." or "plain spoken English" made "What is the capital of Germany?" drift
+#: into German and "two plus two" ramble to the token cap.
+DEFAULT_SYSTEM_PROMPT = "You are a helpful voice assistant. Answer in one short English sentence."
 
 #: Decoding for spoken replies: greedy (reproducible, and sampling makes a 135M model worse), a mild
 #: repetition penalty against loops, at most two sentences, and a token cap that bounds a reply to ~10 s of
@@ -61,7 +67,8 @@ TEMPLATE_ROLES: dict[str, str] = {
 }
 
 _SENTENCE_END = (".", "!", "?", "…")
-_CLOSERS = "\"')]»”’"  # noqa: RUF001 - closing quotes after a full stop belong to the sentence
+#: Closing quotes and brackets after a full stop still belong to the sentence.
+_CLOSERS = "\"')]»”’"
 _CHATML = {
     "prefix": "<|im_start|>{role}\n",
     "suffix": "<|im_end|>\n",
@@ -186,7 +193,9 @@ def _probe_template(tokenizer: PreTrainedTokenizerBase) -> tuple[dict[str, tuple
     for role in ("user", "developer", "assistant"):
         full = _render(tokenizer, [*base, {"role": TEMPLATE_ROLES[role], "content": s2}])
         if not full.startswith(base_text):
-            raise ValueError(f"chat template is not prefix-stable for role {role!r}; it cannot be used with a KV lease")
+            raise ValueError(
+                f"chat template is not prefix-stable for role {role!r}; it cannot be used with a KV lease"
+            )
         wrappers[role] = _split(full[len(base_text) :], s2, role)
     with_header = _render(tokenizer, base, gen=True)
     if not with_header.startswith(base_text):

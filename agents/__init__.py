@@ -1,0 +1,1 @@
+"""Runnable LiveKit workers on livekit-omni: ``room_agent`` (rooms) and ``sip_agent`` (phone calls)."""

@@ -1,0 +1,840 @@
+"""One OpenAI Live session, translated to one engine session. Shared by the WebSocket and the WebRTC data channel.
+
+The translation is thin on purpose: turn-taking, replies, barge-in and the conversation live in the engine; the
+media plane (``media``) converts audio and paces output. This class maps wire commands to engine commands
+(``AppendText``, ``SetMute``, ``Interrupt``), engine events to wire events (transcripts, errors, close), and keeps
+the protocol's own bookkeeping: lifetime, usage, input backpressure, fixtures, and the order of events.
+
+Who runs what (all on the event loop, never blocking it):
+
+* the transport's receive loop calls :meth:`LiveSession.handle_text` for each client message, in order;
+* one task per session drains the engine's event queue (:meth:`_pump_engine_events`);
+* one task per session does the 1 s housekeeping (lifetime, usage, engine keep-alive);
+* :class:`LiveHub` ticks every WebSocket session's output once per 20 ms from one shared clock, so a thousand
+  sessions cost one timer, not a thousand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import numpy as np
+
+from engine_bridge import protocol as p
+from engine_bridge.client import EngineSession
+from engine_bridge.control import ControlError, EngineLostError, EngineRequestError
+from engine_bridge.formats import ENGINE_OUTPUT_RATE, FRAME_MS
+from livekit_omni.live import wire
+from livekit_omni.live.eventlog import ELIDED_AUDIO, event_log
+from livekit_omni.supervisor import EngineUnavailableError
+from media.codecs import AudioEncoding, alaw_encode, ulaw_encode
+from media.egress import EgressPlayer, OutputFrame, TranscriptDelta
+from media.ingress import IngressWriter
+from media.pacer import Pacer
+from media.resample import Resampler
+
+if TYPE_CHECKING:
+    from livekit_omni.metrics import Metrics
+    from livekit_omni.settings import Settings
+    from livekit_omni.supervisor import EngineSupervisor
+
+log = logging.getLogger(__name__)
+
+# WebSocket close codes (RFC 6455): what a client's reconnect policy keys on (docs/openai-live-protocol.md §7).
+CLOSE_NORMAL: Final = 1000
+CLOSE_POLICY: Final = 1008
+CLOSE_INTERNAL: Final = 1011
+CLOSE_RESTART: Final = 1012
+CLOSE_TRY_AGAIN: Final = 1013
+
+#: Cumulative ``session.usage.updated`` cadence.
+USAGE_INTERVAL_S: Final = 5.0
+#: Output audio is sent in chunks of this many 20 ms frames while the model speaks (40 ms: a small lead for
+#: barge-in, half the messages of 20 ms) and of ``SILENCE_CHUNK_FRAMES`` while it is silent (100 ms: the largest
+#: chunk the protocol recommends; silence costs a fifth of the messages). A frame with model audio flushes pending
+#: silence at once, so speech is never held behind silence.
+SPEECH_CHUNK_FRAMES: Final = 2
+SILENCE_CHUNK_FRAMES: Final = 5
+#: Commands to the engine that do not answer within this are reported as an error (the session goes on).
+ENGINE_REQUEST_TIMEOUT_S: Final = 5.0
+
+
+class Transport(Protocol):
+    """How a session reaches its client. Events are encoded JSON objects; audio differs per transport."""
+
+    #: Metrics label: ``websocket`` or ``webrtc``.
+    kind: str
+    #: True: output audio goes out as ``session.output_audio.delta`` events and input arrives as
+    #: ``session.input_audio.append`` (WebSocket). False: both travel on a media track (WebRTC).
+    carries_audio: bool
+
+    def send(self, data: bytes) -> None:
+        """Queue one encoded event; never blocks. A client that stops reading is disconnected by the transport."""
+
+    async def close(self, code: int, reason: str = "") -> None:
+        """Flush queued events, then close with ``code``. Idempotent."""
+
+
+class FixturePlayback:
+    """A fixture clip (PCM16 24 kHz) resampled to an output rate, handed out in 20 ms frames."""
+
+    def __init__(self, pcm: np.ndarray, *, rate: int, encoding: AudioEncoding) -> None:
+        frame_in = ENGINE_OUTPUT_RATE * FRAME_MS // 1000
+        # Whole frames plus one frame of zeros, which also flushes the resampler's delay line.
+        padded = np.zeros(-(-pcm.shape[0] // frame_in) * frame_in + frame_in, dtype=np.int16)
+        padded[: pcm.shape[0]] = pcm
+        self.pcm = Resampler.for_rates(ENGINE_OUTPUT_RATE, rate).process(padded)
+        self.encoding = encoding
+        self.frame_samples = rate * FRAME_MS // 1000
+        self.pos = 0
+        self._frame = np.zeros(self.frame_samples, dtype=np.int16)
+
+    @property
+    def done(self) -> bool:
+        return self.pos >= self.pcm.shape[0]
+
+    def next_frame(self) -> tuple[np.ndarray, np.ndarray]:
+        """The next 20 ms as (int16 pcm, payload bytes in the output encoding)."""
+        chunk = self.pcm[self.pos : self.pos + self.frame_samples]
+        self.pos += self.frame_samples
+        pcm = self._frame
+        pcm[: chunk.shape[0]] = chunk
+        pcm[chunk.shape[0] :] = 0
+        if self.encoding is AudioEncoding.PCMU:
+            payload = ulaw_encode(pcm)
+        elif self.encoding is AudioEncoding.PCMA:
+            payload = alaw_encode(pcm)
+        else:
+            payload = pcm.astype("<i2", copy=False).view(np.uint8)
+        return pcm, payload
+
+
+class FixtureOverlay:
+    """Wraps a session's :class:`EgressPlayer`: while a fixture plays, its frames replace the model's.
+
+    The player keeps running underneath (it keeps the output timeline and drains the ring, whose audio is stale
+    after the fixture's interrupt anyway). It stands in for the player wherever frames are pulled: the hub's clock
+    (WebSocket) or the WebRTC track.
+    """
+
+    def __init__(self, player: EgressPlayer, on_fixture_done: Callable[[], None]) -> None:
+        self.inner = player
+        self.rate = player.rate
+        self.frame_samples = player.frame_samples
+        self.fixture: FixturePlayback | None = None
+        self._on_done = on_fixture_done
+
+    async def prepare(self, pcm24k: np.ndarray) -> FixturePlayback:
+        """Resample the clip for this output, off the event loop (30 s at 48 kHz takes tens of ms)."""
+        return await asyncio.to_thread(
+            FixturePlayback, pcm24k, rate=self.inner.rate, encoding=self.inner.encoding
+        )
+
+    def play(self, fixture: FixturePlayback) -> None:
+        self.fixture = fixture
+
+    def add_transcript(self, ev: p.OutputTranscript) -> None:
+        self.inner.add_transcript(ev)
+
+    def next_frame(self) -> OutputFrame:
+        frame = self.inner.next_frame()
+        fixture = self.fixture
+        if fixture is None:
+            return frame
+        pcm, payload = fixture.next_frame()
+        if fixture.done:
+            self.fixture = None
+            self._on_done()
+        # Model text released under a fixture belongs to interrupted (stale) speech: it is not shown.
+        return dataclasses.replace(
+            frame, pcm=pcm, payload=payload, speaking=True, model_samples=0, transcripts=()
+        )
+
+
+class LiveHub:
+    """The facade's shared state: open sessions (for metrics and graceful shutdown) and the 20 ms output clock."""
+
+    def __init__(self, settings: Settings, supervisor: EngineSupervisor, metrics: Metrics) -> None:
+        self.settings = settings
+        self.supervisor = supervisor
+        self.metrics = metrics
+        self.sessions: set[LiveSession] = set()
+        self._ticking: dict[LiveSession, None] = {}  # insertion-ordered set
+        self._clock_task: asyncio.Task[None] | None = None
+        #: The shared output clock while it runs (its ``late``/``skipped`` counters show a loop that fell behind).
+        self.pacer: Pacer | None = None
+
+    def add(self, s: LiveSession) -> None:
+        self.sessions.add(s)
+
+    def discard(self, s: LiveSession) -> None:
+        self.sessions.discard(s)
+        self._ticking.pop(s, None)
+
+    def start_ticking(self, s: LiveSession) -> None:
+        self._ticking[s] = None
+        if self._clock_task is None or self._clock_task.done():
+            self._clock_task = asyncio.create_task(self._clock(), name="live-output-clock")
+
+    async def _clock(self) -> None:
+        self.pacer = pacer = Pacer()
+        while self._ticking:
+            await pacer.tick()
+            for s in list(self._ticking):
+                try:
+                    s.tick()
+                except Exception:
+                    log.exception("session %s: output tick failed; closing it", s.id)
+                    self._ticking.pop(s, None)
+                    s.spawn(
+                        s.end(
+                            "connection_lost",
+                            code=CLOSE_INTERNAL,
+                            error=wire.error_event("internal_error", "output failed", type=wire.SERVER_ERROR),
+                        )
+                    )
+
+    async def close_all(self) -> None:
+        """Graceful shutdown: every open session gets an error and ``session.closed``, then close 1012."""
+        sessions = list(self.sessions)
+        await asyncio.gather(
+            *(
+                s.end(
+                    "connection_lost",
+                    code=CLOSE_RESTART,
+                    error=wire.error_event(
+                        "server_shutdown", "the server is shutting down", type=wire.SERVER_ERROR
+                    ),
+                )
+                for s in sessions
+            ),
+            return_exceptions=True,
+        )
+
+
+def hub_of(app: Any) -> LiveHub:
+    """The app's :class:`LiveHub`, created on first use; it also provides ``app.state.close_sessions``, which the
+    app's lifespan awaits at shutdown."""
+    hub: LiveHub | None = getattr(app.state, "live_hub", None)
+    if hub is None:
+        hub = LiveHub(app.state.settings, app.state.supervisor, app.state.metrics)
+        app.state.live_hub = hub
+        app.state.close_sessions = hub.close_all
+    return hub
+
+
+class LiveSession:
+    """One Live session over one transport. See the module docstring."""
+
+    def __init__(self, hub: LiveHub, transport: Transport, *, accepts_start: bool = True) -> None:
+        self.hub = hub
+        self.transport = transport
+        self.settings = hub.settings
+        self.metrics = hub.metrics
+        self.accepts_start = accepts_start
+        self.id = "live_" + secrets.token_hex(12)
+        self.state = "new"  # new -> opening -> active -> closed
+        self.config: wire.ResolvedConfig | None = None
+        self.engine: EngineSession | None = None
+        self.player: EgressPlayer | None = None
+        #: Where output frames are pulled from: the player with fixture overlay.
+        self.output: FixtureOverlay | None = None
+        self.writer: IngressWriter | None = None
+        self.expires_at = 0
+        self.started_at = 0.0
+        self.allowed_client_events: frozenset[str] | None = None
+        self.allowed_server_events: frozenset[str] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._log = event_log()
+        # Mute as the client asked for it; the engine is also muted while a fixture plays.
+        self.user_muted = False
+        self._fixture_playing = False
+        self._fixture_client_event_id: str | None = None
+        # Output chunking (WebSocket).
+        self._out = bytearray()
+        self._out_frames = 0
+        self._out_speaking = False
+        # Input backpressure: a leaky bucket of accepted caller audio that drains at real time and holds at most
+        # ``input_burst_s``. Audio that does not fit is dropped; dropping that goes on past the grace ends the session.
+        self._backlog_s = 0.0
+        self._backlog_at = 0.0
+        self._last_input = 0.0
+        self._over_since: float | None = None
+        # Timeline bookkeeping: input transcripts are kept non-decreasing.
+        self._last_input_ms = 0
+        self._last_output_ms = 0
+        # Turn latency: caller stopped (monotonic) -> first audible frame of a later reply.
+        self._stopped_at: float | None = None
+        self._stopped_turn = 0  # the reply playing when the caller stopped (its audio is not the answer)
+        self._playing_turn = 0
+        self._context: tuple[int, int] | None = None
+        self._fatal: p.SessionError | None = None
+
+    # --- small helpers --------------------------------------------------------------------------------------
+    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def emit(self, ev: dict[str, Any]) -> None:
+        """Send one server event (and log it when the event log is on)."""
+        if self.allowed_server_events is not None and ev["type"] not in self.allowed_server_events:
+            return
+        data = wire.encode(ev)
+        if len(data) > self.settings.limits.max_outbound_bytes:
+            data = self._shrink(ev, data)
+        if self._log is not None:
+            self._log.write(data)
+        if ev["type"] == "error":
+            self.metrics.errors.labels(code=ev["error"]["code"]).inc()
+        self.transport.send(data)
+
+    def _shrink(self, ev: dict[str, Any], data: bytes) -> bytes:
+        """An event over ``max_outbound_bytes`` (clients break on large frames): the session resource loses its
+        echo-only history and instructions; anything else still too large is replaced by an error."""
+        if isinstance(ev.get("session"), dict):
+            slim = {k: v for k, v in ev["session"].items() if k not in ("input", "instructions")}
+            data = wire.encode({**ev, "session": slim})
+        if len(data) > self.settings.limits.max_outbound_bytes:
+            log.error(
+                "session %s: dropped a %d-byte %s event (over the outbound limit)",
+                self.id,
+                len(data),
+                ev["type"],
+            )
+            data = wire.encode(
+                wire.error_event(
+                    "event_too_large", f"a {ev['type']} event was too large to send", type=wire.SERVER_ERROR
+                )
+            )
+        return data
+
+    def emit_error(self, e: wire.WireError, client_event_id: str | None = None) -> None:
+        self.emit(wire.error_from(e, client_event_id))
+
+    def resource(self) -> dict[str, Any]:
+        assert self.config is not None
+        return wire.session_resource(self.config, session_id=self.id, expires_at=self.expires_at)
+
+    def usage_seconds(self) -> float:
+        return round(time.monotonic() - self.started_at, 1) if self.started_at else 0.0
+
+    # --- receive path ---------------------------------------------------------------------------------------
+    async def handle_text(self, raw: str | bytes) -> None:
+        """One client message. Errors become ``error`` events; the session goes on whenever it can."""
+        if self.state == "closed":
+            return
+        try:
+            cmd = wire.decode_command(raw)
+        except wire.WireError as e:
+            self.emit_error(e)
+            return
+        cid = cmd.event_id
+        ctype = type(cmd).__struct_config__.tag  # type: ignore[attr-defined]
+        if self.allowed_client_events is not None and ctype not in self.allowed_client_events:
+            self.emit(
+                wire.error_event(
+                    "event_not_allowed",
+                    f"{ctype} is not allowed on this data channel (session.client.data_channel)",
+                    param="type",
+                    client_event_id=cid,
+                )
+            )
+            return
+        if isinstance(cmd, wire.SessionStart):
+            await self._on_start(cmd)
+            return
+        if self.state != "active":
+            self.emit(
+                wire.error_event(
+                    "session_not_started",
+                    f"send session.start and wait for session.started before {ctype}",
+                    param="type",
+                    client_event_id=cid,
+                )
+            )
+            return
+        try:
+            await self._dispatch(cmd)
+        except wire.WireError as e:
+            self.emit_error(e, cid)
+        except (EngineLostError, EngineRequestError, ControlError, TimeoutError) as e:
+            # The engine-event pump ends the session if the engine is gone; a single failed command is not fatal.
+            self.emit(
+                wire.error_event(
+                    "engine_error",
+                    f"the engine did not complete {ctype}: {e}",
+                    type=wire.SERVER_ERROR,
+                    client_event_id=cid,
+                )
+            )
+
+    async def _dispatch(self, cmd: wire.ClientCommand) -> None:
+        cid = cmd.event_id
+        match cmd:
+            case wire.InputAudioAppend():
+                self._on_audio(cmd)
+            case wire.InputAudioMute() | wire.InputAudioUnmute():
+                muted = isinstance(cmd, wire.InputAudioMute)
+                self.user_muted = muted
+                if not self._fixture_playing:  # a fixture keeps the input muted until it ends
+                    await self._set_engine_mute(muted)
+                self.emit(wire.event(f"session.input_audio.{'muted' if muted else 'unmuted'}", cid))
+            case wire.InstructionsAppend() | wire.ThinkingAppend() | wire.CommentaryAppend():
+                await self._on_append(cmd)
+            case wire.FixturePlay():
+                await self._on_fixture(cmd)
+            case wire.SessionUpdate():
+                assert self.config is not None
+                delegation = wire.check_update(cmd.session, self.config.delegation)
+                if delegation is not None:
+                    self.config.delegation = delegation
+                self.emit(wire.event("session.updated", cid, session=self.resource()))
+            case wire.SessionClose():
+                await self.end("close_requested", code=CLOSE_NORMAL, client_event_id=cid)
+            case _:
+                raise wire.WireError("unknown_event", f"unhandled event {type(cmd).__name__}")
+
+    # --- session.start --------------------------------------------------------------------------------------
+    async def _on_start(self, cmd: wire.SessionStart) -> None:
+        cid = cmd.event_id
+        if not self.accepts_start:
+            self.emit(
+                wire.error_event(
+                    "session_already_started",
+                    "this session was started by the WebRTC offer; session.start is not used on the data channel",
+                    param="type",
+                    client_event_id=cid,
+                )
+            )
+            return
+        if self.state != "new":
+            self.emit(
+                wire.error_event(
+                    "session_already_started",
+                    "session.start was already sent on this connection",
+                    param="type",
+                    client_event_id=cid,
+                )
+            )
+            return
+        try:
+            cfg = wire.resolve_config(cmd.session, with_format=True)
+        except wire.WireError as e:
+            # A refused start ends the connection: LiveKit would otherwise wait for session.started forever.
+            self.state = "closed"
+            self.metrics.rejected_sessions.labels(reason=e.code).inc()
+            self.emit_error(e, cid)
+            await self.transport.close(CLOSE_POLICY, e.code)
+            return
+        if await self.open(cfg, client_event_id=cid):
+            self.announce(client_event_id=cid)
+
+    async def open(self, cfg: wire.ResolvedConfig, *, client_event_id: str | None = None) -> bool:
+        """Open the engine session for ``cfg``. On refusal: an ``error`` event, a close, and False.
+
+        (WebRTC calls this before answering the offer and reports refusals as HTTP errors instead; see
+        :meth:`open_or_raise`.)"""
+        try:
+            await self.open_or_raise(cfg)
+        except wire.WireError as e:
+            self.emit_error(e, client_event_id)
+            code = (
+                CLOSE_TRY_AGAIN
+                if e.code in ("session_limit_reached", "engine_unavailable")
+                else CLOSE_INTERNAL
+            )
+            await self.transport.close(code, e.code)
+            return False
+        return True
+
+    async def open_or_raise(self, cfg: wire.ResolvedConfig) -> None:
+        """Open the engine session; raises WireError (``session_limit_reached``, ``engine_unavailable``, …)."""
+        self.state = "opening"
+        self.config = cfg
+        engine_cfg = p.SessionConfig(
+            instructions=cfg.instructions,
+            history=[p.ChatTurn(role=r, text=t) for r, t in cfg.history],  # type: ignore[arg-type]
+            voice=cfg.voice_name,
+        )
+        limits = self.settings.limits
+        try:
+            self.engine = await self.hub.supervisor.open_session(
+                engine_cfg, session_id=self.id, ingress_seconds=max(4.0, limits.input_burst_s + 1.0)
+            )
+        except EngineUnavailableError as e:
+            raise self._refused(
+                "engine_unavailable", f"the engine is not available ({e}); try again shortly"
+            ) from e
+        except EngineRequestError as e:
+            if e.code == p.ErrorCode.SESSION_LIMIT_REACHED:
+                raise self._refused("session_limit_reached", e.message) from e
+            if e.code == p.ErrorCode.ENGINE_LOADING:
+                raise self._refused("engine_unavailable", e.message) from e
+            raise self._refused("engine_error", f"the engine refused the session: {e.message}") from e
+        except (ControlError, TimeoutError) as e:
+            raise self._refused("engine_unavailable", f"the engine did not answer: {e}") from e
+        self.hub.add(self)
+
+    def _refused(self, code: str, message: str) -> wire.WireError:
+        self.state = "closed"
+        self.metrics.rejected_sessions.labels(reason=code).inc()
+        return wire.WireError(code, message, type=wire.SERVER_ERROR)
+
+    def announce(self, *, client_event_id: str | None = None) -> None:
+        """Send ``session.started`` and start the session's clocks (after the engine session is open)."""
+        assert self.engine is not None and self.config is not None
+        self.state = "active"
+        self.started_at = time.monotonic()
+        self._last_input = self._backlog_at = self.started_at
+        self.expires_at = int(time.time() + self.settings.limits.session_lifetime_s)
+        self.metrics.sessions_total.labels(transport=self.transport.kind).inc()
+        self.metrics.active_sessions.labels(transport=self.transport.kind).inc()
+        if self.transport.carries_audio and self.config.format is not None:
+            fmt = self.config.format
+            self.writer = IngressWriter(self.engine, encoding=fmt.encoding, rate=fmt.rate)
+            self.attach_player(EgressPlayer(self.engine, rate=fmt.rate, encoding=fmt.encoding))
+        self.emit(wire.event("session.started", client_event_id, session=self.resource()))
+        if self.config.store_requested:
+            self.emit(
+                wire.info_event(
+                    "store_unavailable",
+                    "this server does not store sessions (no fork or recording download); store is ignored",
+                )
+            )
+        self.spawn(self._pump_engine_events())
+        self.spawn(self._housekeeping())
+        if self.transport.carries_audio and self.output is not None:
+            self.hub.start_ticking(self)
+
+    def attach_player(self, player: EgressPlayer) -> FixtureOverlay:
+        """Use ``player`` for output (model text goes to it); returns the overlay to pull frames from."""
+        self.player = player
+        self.output = FixtureOverlay(player, self._on_fixture_done)
+        return self.output
+
+    # --- input audio ----------------------------------------------------------------------------------------
+    def _on_audio(self, cmd: wire.InputAudioAppend) -> None:
+        if not self.transport.carries_audio or self.writer is None or self.config is None:
+            raise wire.WireError(
+                "unsupported_event",
+                "on WebRTC, caller audio travels on the media track, not in session.input_audio.append",
+                param="type",
+            )
+        fmt = self.config.format
+        assert fmt is not None
+        raw = wire.decode_audio(cmd.audio, fmt)
+        seconds = len(raw) / fmt.bytes_per_sample / fmt.rate
+        now = time.monotonic()
+        self._last_input = now
+        if not self._admit_input(seconds, now):
+            return  # beyond the burst allowance: dropped, never queued
+        self.writer.write(raw)
+        self.metrics.audio_in_seconds.inc(seconds)
+
+    def _admit_input(self, seconds: float, now: float) -> bool:
+        """Whether ``seconds`` of caller audio fit the burst allowance; reports and enforces backpressure."""
+        limits = self.settings.limits
+        backlog = max(0.0, self._backlog_s - (now - self._backlog_at))
+        self._backlog_at = now
+        if backlog + seconds <= limits.input_burst_s:
+            self._backlog_s = backlog + seconds
+            if self._over_since is not None and self._backlog_s < limits.input_burst_s / 2:
+                self._over_since = None  # drained with margin: the episode is over, a new one warns again
+            return True
+        self._backlog_s = backlog
+        if self._over_since is None:
+            self._over_since = now
+            self.emit(
+                wire.error_event(
+                    "input_backpressure",
+                    f"input audio is arriving faster than real time (more than {limits.input_burst_s:g} s ahead); "
+                    f"the excess is dropped, and the session closes if this persists for "
+                    f"{limits.input_backpressure_grace_s:g} s",
+                )
+            )
+        elif now - self._over_since > limits.input_backpressure_grace_s:
+            # The client was told once (above); now the session ends.
+            self.spawn(self.end("connection_lost", code=CLOSE_TRY_AGAIN, close_reason="input_backpressure"))
+        return False
+
+    # --- appends, fixtures, mute ----------------------------------------------------------------------------
+    async def _on_append(self, cmd: wire.TextAppend) -> None:
+        assert self.engine is not None
+        kind, ack = wire.APPEND_KINDS[type(cmd)]
+        if self._fixture_playing:
+            raise wire.WireError("fixture_active", "appends are refused while an audio fixture plays")
+        if cmd.delegation_id is not None:
+            raise wire.WireError(
+                "unknown_delegation",
+                f"no delegation {cmd.delegation_id!r} was created in this session",
+                param="delegation_id",
+            )
+        if len(cmd.content) > wire.MAX_APPEND_CHARS:
+            raise wire.WireError(
+                "content_too_long",
+                f"content is limited to {wire.MAX_APPEND_CHARS} characters",
+                param="content",
+            )
+        result = await self.engine.append_text(kind, cmd.content)
+        start = int(result.get("start_ms", 0))
+        end = max(start, int(result.get("end_ms", start)))
+        self.emit(wire.event(ack, cmd.event_id, start_ms=start, end_ms=end))
+
+    async def _set_engine_mute(self, muted: bool) -> None:
+        assert self.engine is not None
+        await asyncio.wait_for(self.engine.set_mute(muted), ENGINE_REQUEST_TIMEOUT_S)
+
+    async def _on_fixture(self, cmd: wire.FixturePlay) -> None:
+        assert self.engine is not None
+        raw = wire.decode_audio(cmd.audio, wire.FIXTURE_FORMAT)
+        seconds = len(raw) / 2 / ENGINE_OUTPUT_RATE
+        limit = self.settings.limits.max_fixture_s
+        if not raw:
+            raise wire.WireError("invalid_audio", "the fixture holds no audio", param="audio")
+        if seconds > limit:
+            raise wire.WireError(
+                "fixture_too_long", f"the fixture is {seconds:.1f} s; at most {limit:g} s", param="audio"
+            )
+        if self._fixture_playing:
+            raise wire.WireError("fixture_active", "another fixture is playing")
+        if self.output is None:
+            raise wire.WireError(
+                "fixture_unavailable", "this session has no output audio to play a fixture on"
+            )
+        self._fixture_playing = True
+        self._fixture_client_event_id = cmd.event_id
+        try:
+            fixture = await self.output.prepare(np.frombuffer(raw, dtype="<i2").astype(np.int16))
+            # Model speech stops (the epoch moves, so queued model audio never plays) and the caller is not heard.
+            await asyncio.wait_for(self.engine.interrupt(), ENGINE_REQUEST_TIMEOUT_S)
+            if not self.user_muted:
+                await self._set_engine_mute(True)
+        except BaseException:
+            self._fixture_playing = False
+            raise
+        if self.state != "active":
+            return
+        self.output.play(fixture)
+        self.emit(wire.event("session.output_audio.fixture.playing", cmd.event_id))
+
+    def _on_fixture_done(self) -> None:
+        # Called from the frame that carried the clip's last samples (sync); the rest needs the engine.
+        self.spawn(self._fixture_finished())
+
+    async def _fixture_finished(self) -> None:
+        self._flush_audio()  # the clip's last frames go out before its "played"
+        cid = self._fixture_client_event_id
+        try:
+            if not self.user_muted and self.state == "active":
+                await self._set_engine_mute(False)
+        finally:
+            self._fixture_playing = False
+            self._fixture_client_event_id = None
+        if self.state == "active":
+            self.emit(wire.event("session.output_audio.fixture.played", cid))
+
+    # --- output (WebSocket): one 20 ms frame per tick of the hub's clock -------------------------------------
+    def tick(self) -> None:
+        output = self.output
+        if output is None or self.state != "active":
+            return
+        frame = output.next_frame()
+        speaking = frame.speaking
+        if speaking:
+            if not self._out_speaking:
+                self._flush_audio()  # pending silence goes out now; speech is not held behind it
+            self._on_model_audio(frame)
+        self._out_speaking = speaking
+        self._out += frame.payload.data
+        self._out_frames += 1
+        if frame.transcripts:
+            self._flush_audio()  # text follows the audio it describes
+            self._emit_output_transcripts(frame.transcripts)
+        elif self._out_frames >= (SPEECH_CHUNK_FRAMES if speaking else SILENCE_CHUNK_FRAMES):
+            self._flush_audio()
+
+    def _flush_audio(self) -> None:
+        if not self._out:
+            return
+        data = wire.audio_delta_bytes(bytes(self._out))
+        if self._log is not None:
+            self._log.write(ELIDED_AUDIO)
+        self.transport.send(data)
+        self.metrics.audio_out_seconds.inc(self._out_frames * FRAME_MS / 1000)
+        self._out.clear()
+        self._out_frames = 0
+
+    def _on_model_audio(self, frame: OutputFrame) -> None:
+        if not frame.model_samples:
+            return  # a fixture
+        if self._stopped_at is not None and frame.turn_id != self._stopped_turn:
+            # The first audio of a reply that began after the caller stopped: the turn's latency.
+            self.metrics.turn_latency.observe(time.monotonic() - self._stopped_at)
+            self._stopped_at = None
+        self._playing_turn = frame.turn_id
+
+    def _emit_output_transcripts(self, deltas: tuple[TranscriptDelta, ...] | list[TranscriptDelta]) -> None:
+        for d in deltas:
+            if not d.text:
+                continue
+            start = max(d.start_ms, self._last_output_ms)
+            self._last_output_ms = start
+            self.emit(wire.transcript_delta("output", d.text, start, max(start, d.end_ms)))
+
+    def on_output_frame(self, frame: OutputFrame) -> None:
+        """For transports that pace output themselves (WebRTC): transcripts and latency of a frame just sent."""
+        if self.state != "active":
+            return
+        if frame.speaking:
+            self._on_model_audio(frame)
+        self._out_speaking = frame.speaking
+        self.metrics.audio_out_seconds.inc(FRAME_MS / 1000)
+        if frame.transcripts:
+            self._emit_output_transcripts(frame.transcripts)
+
+    # --- engine events --------------------------------------------------------------------------------------
+    async def _pump_engine_events(self) -> None:
+        engine = self.engine
+        assert engine is not None
+        while True:
+            ev = await engine.events.get()
+            if isinstance(ev, p.SessionClosed):
+                await self._engine_closed(ev.reason)
+                return
+            try:
+                self._on_engine_event(ev)
+            except Exception:
+                log.exception("session %s: engine event %s failed", self.id, type(ev).__name__)
+
+    def _on_engine_event(self, ev: p.SessionEvent) -> None:
+        match ev:
+            case p.OutputTranscript():
+                if self.output is not None:
+                    self.output.add_transcript(ev)
+            case p.InputTranscript(final=True):
+                text = ev.text.strip()
+                if text:
+                    start = max(ev.start_ms, self._last_input_ms)
+                    self._last_input_ms = start
+                    self.emit(wire.transcript_delta("input", text, start, max(start, ev.end_ms)))
+            case p.SpeechStopped():
+                self._stopped_at = time.monotonic()
+                self._stopped_turn = self._playing_turn
+            case p.BargeIn():
+                self.metrics.barge_ins.inc()
+            case p.Usage():
+                self._context = (ev.context_tokens, ev.context_limit)
+            case p.SessionError(fatal=True):
+                self._fatal = ev  # the engine closes the session next; the close reports it
+            case p.SessionError():
+                self.emit(wire.error_event(ev.code, ev.message, type=wire.SERVER_ERROR))
+
+    async def _engine_closed(self, reason: str) -> None:
+        if self.state == "closed":
+            return
+        fatal = self._fatal
+        if reason == "engine_lost" or (fatal is not None and fatal.code == p.ErrorCode.ENGINE_LOST):
+            code, message = (
+                "engine_lost",
+                "the engine stopped; this session cannot continue (a new one can start)",
+            )
+        elif fatal is not None:
+            code, message = fatal.code, fatal.message
+        else:
+            code, message = "session_ended", f"the engine ended the session ({reason})"
+        await self.end(
+            "connection_lost",
+            code=CLOSE_INTERNAL,
+            error=wire.error_event(code, message, type=wire.SERVER_ERROR),
+        )
+
+    # --- housekeeping ---------------------------------------------------------------------------------------
+    async def _housekeeping(self) -> None:
+        limits = self.settings.limits
+        deadline = self.started_at + limits.session_lifetime_s
+        next_usage = self.started_at + USAGE_INTERVAL_S
+        # The engine reaps sessions nobody touches; a connected client that is merely quiet is not gone.
+        touch_every = max(1.0, self.settings.engine.idle_ttl_s / 4)
+        last_touch = self.started_at
+        while self.state == "active":
+            now = time.monotonic()
+            if now >= deadline:
+                await self.end("expired", code=CLOSE_NORMAL)
+                return
+            if now >= next_usage:
+                next_usage += USAGE_INTERVAL_S
+                self.emit(self._usage_event())
+            if self.engine is not None and now - max(self._last_input, last_touch) >= touch_every:
+                last_touch = now
+                with contextlib.suppress(ControlError, TimeoutError):
+                    await asyncio.wait_for(self.engine.touch(), ENGINE_REQUEST_TIMEOUT_S)
+            await asyncio.sleep(min(1.0, max(0.01, deadline - time.monotonic())))
+
+    def _usage_event(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"usage": wire.usage(self.usage_seconds())}
+        if self._context is not None and self._context[1] > 0:
+            fields["context_window"] = {"usage_ratio": round(self._context[0] / self._context[1], 4)}
+        return wire.event("session.usage.updated", None, **fields)
+
+    # --- the end --------------------------------------------------------------------------------------------
+    async def end(
+        self,
+        reason: str | None,
+        *,
+        code: int,
+        error: dict[str, Any] | None = None,
+        client_event_id: str | None = None,
+        notify: bool = True,
+        close_reason: str | None = None,
+    ) -> None:
+        """End the session once: optional ``error``, then ``session.closed`` (``reason``), then close ``code``.
+
+        ``notify=False``: the client is already gone; nothing is sent."""
+        if self.state == "closed":
+            return
+        was_active = self.state == "active"
+        self.state = "closed"
+        self.hub.discard(self)
+        current = asyncio.current_task()
+        for t in list(self._tasks):
+            if t is not current:
+                t.cancel()
+        if notify and was_active:
+            self._flush_audio()
+        if notify and error is not None:
+            self.emit(error)
+        if notify and was_active and reason is not None and self.config is not None:
+            self.emit(self._usage_event())  # the final cumulative figure, then the terminal event
+            self.emit(
+                wire.event(
+                    "session.closed",
+                    client_event_id,
+                    reason=reason,
+                    session=self.resource(),
+                    usage=wire.usage(self.usage_seconds()),
+                )
+            )
+        if was_active:
+            self.metrics.active_sessions.labels(transport=self.transport.kind).dec()
+        # Stop touching the rings before the engine session releases them.
+        if self.player is not None:
+            self.player.close()
+        if self.writer is not None:
+            self.writer.close()
+        await self.transport.close(code, close_reason or reason or "")
+        if self.engine is not None:
+            await self.engine.close("client" if reason in (None, "close_requested") else reason)
+        log.info("session %s ended: %s (close %d)", self.id, reason or "client gone", code)
+
+    async def transport_closed(self) -> None:
+        """The client went away (socket closed, peer failed): release everything, send nothing."""
+        await self.end(None, code=CLOSE_NORMAL, notify=False)

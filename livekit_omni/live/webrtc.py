@@ -1,0 +1,210 @@
+"""WebRTC signalling of the Live facade: ``POST /v1/live/sessions`` (and ``/live/sessions``).
+
+Body ``{session: MediaSessionConfig, transport: {type: "webrtc", sdp: <offer>}}`` → ``{session: {id}, transport:
+{type: "webrtc", sdp: <answer>}}``. Audio travels on the media track (Opus or G.711, handled by
+:mod:`media.webrtc`); events travel on the client's data channel with the same semantics as the WebSocket, through
+the same :class:`~livekit_omni.live.session.LiveSession`. There is no ``session.start`` there: the POST starts the
+session, and ``session.started`` is the first event once the channel opens (the peer queues events until then).
+
+Errors are JSON ``{error: {type, code, message}}``: 400 for a bad request, 401 for a bad key (the app's auth
+middleware), 503 when the engine is full or unavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Final
+
+import msgspec
+from aiortc import RTCIceServer
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from livekit_omni.live import wire
+from livekit_omni.live.session import CLOSE_TRY_AGAIN, LiveSession, hub_of
+from media.webrtc import SdpError, WebRTCPeer, answer_offer
+
+log = logging.getLogger(__name__)
+
+#: Room for the session config around the SDP in the request body.
+BODY_SLACK_BYTES: Final = 256 * 1024
+#: The client must complete the connection (ICE + DTLS) within this after the answer.
+CONNECT_TIMEOUT_S: Final = 30.0
+#: How long closing waits for queued data-channel events to be sent.
+DRAIN_TIMEOUT_S: Final = 1.0
+
+
+class _Transport(msgspec.Struct, kw_only=True):
+    type: str
+    sdp: str
+
+
+class _CreateBody(msgspec.Struct, kw_only=True):
+    session: wire.StartConfig
+    transport: _Transport
+
+
+_body_decoder: Final = msgspec.json.Decoder(_CreateBody)
+
+
+class DataChannelTransport:
+    """Events over the peer's data channel; audio on its track (so ``carries_audio`` is False)."""
+
+    kind = "webrtc"
+    carries_audio = False
+
+    def __init__(self) -> None:
+        self.peer: WebRTCPeer | None = None
+        self.session: LiveSession | None = None
+        self.closed = False
+        self.refused = 0
+
+    def send(self, data: bytes) -> None:
+        peer = self.peer
+        if self.closed or peer is None:
+            return
+        if peer.send_text(data.decode()):
+            return
+        self.refused += 1
+        channel = peer.channel
+        if channel is not None and channel.readyState == "open" and self.session is not None:
+            # An open channel that cannot take more: the client stopped reading. End the session.
+            self.closed = True
+            self.session.spawn(self.session.end(None, code=CLOSE_TRY_AGAIN, notify=False))
+
+    async def close(self, code: int, reason: str = "") -> None:
+        self.closed = True
+        peer = self.peer
+        if peer is None:
+            return
+        # Let the last events (session.closed) leave the SCTP buffer before the association goes away.
+        ch = peer.channel
+        if ch is not None and ch.readyState == "open" and ch.bufferedAmount > 0:
+            drained = asyncio.Event()
+            ch.bufferedAmountLowThreshold = 0
+            ch.on("bufferedamountlow", drained.set)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(drained.wait(), DRAIN_TIMEOUT_S)
+        await peer.close()
+
+
+async def _connect_deadline(live: LiveSession, peer: WebRTCPeer) -> None:
+    """A client that never completes ICE/DTLS must not hold an engine slot until the session's lifetime ends."""
+    await asyncio.sleep(CONNECT_TIMEOUT_S)
+    if peer.connection_state != "connected":
+        log.info("webrtc session %s: not connected after %g s; closing it", live.id, CONNECT_TIMEOUT_S)
+        await live.end(None, code=CLOSE_TRY_AGAIN, notify=False)
+
+
+def _error(status: int, code: str, message: str, *, type: str = wire.INVALID_REQUEST) -> JSONResponse:
+    return JSONResponse({"error": {"type": type, "code": code, "message": message}}, status_code=status)
+
+
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+def _ice_servers(servers: list[dict[str, Any]]) -> list[RTCIceServer]:
+    out = []
+    for s in servers:
+        out.append(
+            RTCIceServer(urls=s.get("urls", []), username=s.get("username"), credential=s.get("credential"))
+        )
+    return out
+
+
+async def create_webrtc_session(request: Request) -> Response:
+    hub = hub_of(request.app)
+    settings = hub.settings
+    max_sdp = settings.limits.max_sdp_bytes
+    body = await _read_body(request, max_sdp + BODY_SLACK_BYTES)
+    if body is None:
+        return _error(
+            400, "request_too_large", f"the request body is limited to {max_sdp + BODY_SLACK_BYTES} bytes"
+        )
+    try:
+        req = _body_decoder.decode(body)
+    except msgspec.ValidationError as e:
+        return _error(400, "invalid_value", f"invalid request: {e}")
+    except msgspec.DecodeError:
+        return _error(400, "invalid_json", "the body is not valid JSON")
+    if req.transport.type != "webrtc":
+        return _error(400, "invalid_value", "transport.type must be webrtc")
+    if len(req.transport.sdp.encode()) > max_sdp:
+        return _error(400, "sdp_too_large", f"the SDP offer is limited to {max_sdp} bytes")
+    if req.session.audio is not None and req.session.audio.format is not None:
+        return _error(400, "unsupported_parameter", "session.audio.format is negotiated by WebRTC; omit it")
+    try:
+        cfg = wire.resolve_config(req.session, with_format=False)
+    except wire.WireError as e:
+        hub.metrics.rejected_sessions.labels(reason=e.code).inc()
+        return _error(400, e.code, e.message)
+
+    transport = DataChannelTransport()
+    live = LiveSession(hub, transport, accepts_start=False)
+    transport.session = live
+    if cfg.client is not None:
+        dc = cfg.client["data_channel"]
+        ce, se = dc.get("allowed_client_events"), dc.get("allowed_server_events")
+        if isinstance(ce, list):
+            live.allowed_client_events = frozenset(ce)
+        if isinstance(se, list):
+            live.allowed_server_events = frozenset(x["type"] for x in se)
+    try:
+        await live.open_or_raise(cfg)
+    except wire.WireError as e:
+        status = 503 if e.code in ("session_limit_reached", "engine_unavailable") else 500
+        hub.metrics.errors.labels(code=e.code).inc()
+        return _error(status, e.code, e.message, type=e.type)
+    assert live.engine is not None
+
+    async def on_state(state: str) -> None:
+        if state in ("failed", "closed"):
+            await live.transport_closed()
+
+    def on_input_frame(frame: Any) -> None:
+        hub.metrics.audio_in_seconds.inc(frame.samples / frame.sample_rate)
+
+    def on_datachannel_error(code: str, message: str) -> None:
+        live.emit(wire.error_event(code, message))
+
+    try:
+        peer = await answer_offer(
+            req.transport.sdp,
+            live.engine,
+            ice_servers=_ice_servers(settings.webrtc.ice_servers),
+            loopback_only=True if settings.webrtc.loopback_only else None,
+            on_datachannel_message=live.handle_text,
+            on_connection_state=on_state,
+            on_output_frame=live.on_output_frame,
+            on_input_frame=on_input_frame,
+            on_datachannel_error=on_datachannel_error,
+        )
+    except SdpError as e:
+        await live.transport_closed()
+        return _error(400, "invalid_sdp", str(e))
+    except Exception as e:
+        log.exception("webrtc: answering the offer failed")
+        await live.transport_closed()
+        return _error(500, "internal_error", f"could not answer the offer: {e}", type=wire.SERVER_ERROR)
+    transport.peer = peer
+    if peer.player is not None:
+        overlay = live.attach_player(peer.player)
+        if peer.track is not None:
+            # The track pulls frames from the overlay, so fixtures play over WebRTC too.
+            peer.track.player = overlay  # type: ignore[assignment]
+    # Queued by the peer until the client's data channel opens, then sent first.
+    live.announce()
+    live.spawn(_connect_deadline(live, peer))
+    log.info("webrtc session %s: codec %s", live.id, peer.codec)
+    return JSONResponse({"session": {"id": live.id}, "transport": {"type": "webrtc", "sdp": peer.answer_sdp}})

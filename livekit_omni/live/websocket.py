@@ -1,0 +1,149 @@
+"""The primary Live WebSocket (``/v1/live/sessions`` and ``/live/sessions``): auth, framing, limits, send queue.
+
+Auth is checked *after* the upgrade: a bad key gets an ``error`` event (``invalid_api_key``, which LiveKit treats as
+final) and close 1008, because a refused handshake is something LiveKit retries (docs/openai-live-protocol.md §10).
+Every message is one JSON object in a text frame. Outbound events go through one bounded queue drained by one
+writer task, so the 20 ms output clock never waits on a slow client, events keep their order, and a client that
+stops reading is disconnected instead of buffered without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Final
+
+from starlette.websockets import WebSocket
+
+from livekit_omni.app import bearer_token, key_is_valid
+from livekit_omni.live import wire
+from livekit_omni.live.session import CLOSE_POLICY, CLOSE_TRY_AGAIN, LiveSession, hub_of
+
+log = logging.getLogger(__name__)
+
+#: Outbound events queued per connection. Audio goes out every 40-100 ms, so this is ~20 s of a client not
+#: reading (TCP buffers add more) before it is disconnected with 1013.
+OUTBOUND_QUEUE_LIMIT: Final = 512
+#: A socket that never sends ``session.start`` is closed after this.
+START_TIMEOUT_S: Final = 60.0
+#: How long closing waits for queued events to reach the socket.
+FLUSH_TIMEOUT_S: Final = 5.0
+
+
+class WebSocketTransport:
+    kind = "websocket"
+    carries_audio = True
+
+    def __init__(self, ws: WebSocket) -> None:
+        self.ws = ws
+        self.closed = False
+        #: Set when the client stopped reading and the connection is being dropped.
+        self.aborted = False
+        self._q: asyncio.Queue[bytes | None] = asyncio.Queue(OUTBOUND_QUEUE_LIMIT)
+        self._handler = asyncio.current_task()
+        self._writer = asyncio.create_task(self._write(), name="live-ws-writer")
+        self._close_lock = asyncio.Lock()
+
+    def send(self, data: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            self._q.put_nowait(data)
+        except asyncio.QueueFull:
+            # The client has not read for many seconds: drop it (the handler's cleanup frees the session).
+            log.warning(
+                "live websocket: client stopped reading (%d events queued); dropping it", self._q.qsize()
+            )
+            self.closed = self.aborted = True
+            self._writer.cancel()
+            if self._handler is not None:
+                self._handler.cancel()
+
+    async def _write(self) -> None:
+        ws = self.ws
+        try:
+            while True:
+                data = await self._q.get()
+                if data is None:
+                    return
+                # Text frames only: LiveKit ignores binary ones. Encoded events are ASCII-safe JSON.
+                await ws.send_text(data.decode())
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the client is gone; the receive loop notices and cleans up
+            self.closed = True
+
+    async def close(self, code: int, reason: str = "") -> None:
+        async with self._close_lock:
+            if self._writer.done() and self.closed:
+                return
+            self.closed = True
+            if not self._writer.done():
+                try:
+                    self._q.put_nowait(None)
+                except asyncio.QueueFull:
+                    self._writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
+                    await asyncio.wait_for(asyncio.shield(self._writer), FLUSH_TIMEOUT_S)
+                self._writer.cancel()
+            if not self.aborted:
+                with contextlib.suppress(Exception):
+                    await self.ws.close(code, reason[:120])
+
+
+async def live_websocket(ws: WebSocket) -> None:
+    await ws.accept()
+    hub = hub_of(ws.app)
+    transport = WebSocketTransport(ws)
+    session = LiveSession(hub, transport)
+    limit = hub.settings.limits.max_message_bytes
+    try:
+        if not key_is_valid(hub.settings, bearer_token(ws.headers)):
+            session.state = "closed"
+            hub.metrics.rejected_sessions.labels(reason="invalid_api_key").inc()
+            session.emit(
+                wire.error_event(
+                    "invalid_api_key", "missing or invalid API key (send Authorization: Bearer <key>)"
+                )
+            )
+            await transport.close(CLOSE_POLICY, "invalid_api_key")
+            return
+        while not transport.closed:
+            if session.state == "new":
+                try:
+                    msg = await asyncio.wait_for(ws.receive(), START_TIMEOUT_S)
+                except TimeoutError:
+                    session.emit(
+                        wire.error_event(
+                            "session_start_timeout", f"no session.start within {START_TIMEOUT_S:g} s"
+                        )
+                    )
+                    await transport.close(CLOSE_POLICY, "session_start_timeout")
+                    return
+            else:
+                msg = await ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                return
+            text = msg.get("text")
+            data: str | bytes = text if text is not None else (msg.get("bytes") or b"")
+            n = len(data)
+            if n > limit or (isinstance(data, str) and n * 4 > limit and len(data.encode()) > limit):
+                session.emit(
+                    wire.error_event(
+                        "message_too_large",
+                        f"a message may hold at most {limit} bytes; this one was dropped",
+                    )
+                )
+                continue
+            await session.handle_text(data)
+    except asyncio.CancelledError:
+        if not transport.aborted:
+            raise
+        # The transport cancelled us because the client stopped reading: clean up and return normally.
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+    finally:
+        await session.transport_closed()
+        await transport.close(CLOSE_TRY_AGAIN if transport.aborted else 1000)

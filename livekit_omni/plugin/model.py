@@ -1,0 +1,296 @@
+"""``OmniDuplexModel``: livekit-omni as a LiveKit Agents ``llm.DuplexModel``, co-located or remote.
+
+* **Co-located** (``engine_address="unix:/run/livekit-omni/engine.sock"``): the agent process talks to an engine on
+  the same host. Caller audio goes straight into the session's shared-memory ingress ring, answer audio comes out
+  of the egress ring paced at 20 ms; only control messages cross the socket. No WebSocket, no base64.
+* **Remote** (``base_url="http://host:8080/v1"``): the OpenAI Live WebSocket of a ``livekit-omni serve`` on another
+  machine, with bounded reconnects that re-seed the new session with the conversation so far (as GPT-Live does).
+
+``AgentSession(llm=OmniDuplexModel(...))`` is all an agent needs. The app owns the model: ``AgentSession.aclose()``
+closes only the session, so close the model too (``async with OmniDuplexModel(...) as model:``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import weakref
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Final
+
+import numpy as np
+from livekit import rtc
+from livekit.agents import llm
+
+from livekit_omni.plugin.session import OmniSession
+
+if TYPE_CHECKING:
+    from engine_bridge.client import EngineClient
+
+#: Environment fallbacks for the two connection choices and the key.
+ENV_ENGINE_ADDRESS: Final = "LIVEKIT_OMNI_ENGINE_ADDRESS"
+ENV_BASE_URL: Final = "LIVEKIT_OMNI_BASE_URL"
+ENV_API_KEY: Final = "LIVEKIT_OMNI_API_KEY"
+
+#: The gate's silence floor (RMS, full scale 1.0). Between utterances we emit *digital zeros* (the egress player
+#: zero-fills, and at 24 kHz nothing is resampled on the way out), so the true floor is 0 and any floor would do for
+#: closing. What the value decides is where a burst *opens*: the adapter does not play frames before its gate opens.
+#: LiveKit clamps a FixedGate floor to 1e-4 (-80 dBFS, ~3 LSB RMS); we use exactly that, so a burst opens at
+#: 3e-4 (-70 dBFS, ~10 LSB) — the first audible frame of a reply, Piper's soft onsets included, is played — and a
+#: frame counts as quiet below 1.8e-4 (-75 dBFS), which only our zeros and true near-silence reach.
+GATE_SILENCE_RMS: Final = 1e-4
+GATE_ACTIVATION_RATIO: Final = 3.0
+GATE_DEACTIVATION_RATIO: Final = 1.8
+#: How long the output must stay quiet before a burst (one assistant message) ends. Pauses between sentences stay
+#: inside one message; GPT-Live uses the same 0.8 s. A barge-in zeroes the output at once, so an interrupted reply
+#: ends 0.8 s after the cut, well before the caller's own turn ends and the next answer begins.
+GATE_MIN_SILENCE_S: Final = 0.8
+#: Co-located only: while the engine says a reply is still being produced, a gap in its audio (the next clause is
+#: still being voiced; on a small CPU that takes longer than 0.8 s) does not end the burst, for up to this long.
+#: Without it one answer reached LiveKit as three messages ("The capital of France" / "is" / "Paris.").
+GATE_REPLY_PAUSE_S: Final = 4.0
+#: The key in ``rtc.AudioFrame.userdata`` by which the co-located stream marks frames played while the engine's
+#: reply is still in progress (the remote Live wire carries no reply boundaries, so its frames are never marked).
+IN_REPLY: Final = "livekit_omni.in_reply"
+
+
+class OmniGate:
+    """LiveKit's ``FixedGate`` on our digital-zero silence (same floor, ratios and hangover semantics), plus the
+    engine's reply boundaries: a quiet stretch inside a reply that is still being produced does not close the burst
+    (for at most ``max_reply_pause`` seconds, so a reply whose end is never reported cannot hold it open)."""
+
+    def __init__(
+        self,
+        silence: float = GATE_SILENCE_RMS,
+        *,
+        activation_ratio: float = GATE_ACTIVATION_RATIO,
+        deactivation_ratio: float = GATE_DEACTIVATION_RATIO,
+        min_silence_duration: float = GATE_MIN_SILENCE_S,
+        max_reply_pause: float = GATE_REPLY_PAUSE_S,
+    ) -> None:
+        self._open_above = silence * activation_ratio
+        self._quiet_below = silence * deactivation_ratio
+        self._min_silence = min_silence_duration
+        self._max_reply_pause = max_reply_pause
+        self._open = False
+        self._quiet = 0.0  # quiet audio counted towards closing
+        self._paused = 0.0  # quiet audio inside a reply, not counted (bounded)
+
+    def deactivate(self) -> None:
+        self._open = False
+        self._quiet = self._paused = 0.0
+
+    def update(self, frame: rtc.AudioFrame) -> bool:
+        samples = np.frombuffer(frame.data, dtype=np.int16).astype(np.float32)
+        rms = float(np.sqrt(np.mean(np.square(samples)))) / 32768.0 if samples.size else 0.0
+        if not self._open:
+            if rms > self._open_above:
+                self._open = True
+                self._quiet = self._paused = 0.0
+        elif rms < self._quiet_below:
+            if frame.userdata.get(IN_REPLY) is True and self._paused < self._max_reply_pause:
+                self._paused += frame.duration
+            else:
+                self._quiet += frame.duration
+                if self._quiet >= self._min_silence:
+                    self._open = False
+        else:
+            self._quiet = self._paused = 0.0
+        return self._open
+
+
+@dataclass(frozen=True, slots=True)
+class OmniOptions:
+    """Every option of the plugin with its default, in one place. Constructor arguments left ``None`` take
+    the value here (or, for the connection and the key, the environment)."""
+
+    #: Co-located: the engine's control address (``unix:/path`` or ``tcp:HOST:PORT``); env LIVEKIT_OMNI_ENGINE_ADDRESS.
+    engine_address: str | None = None
+    #: Remote: the HTTP base URL of a ``livekit-omni serve`` (``http://host:8080/v1``); env LIVEKIT_OMNI_BASE_URL.
+    base_url: str | None = None
+    #: Remote: bearer key (needed when the server has API keys configured); env LIVEKIT_OMNI_API_KEY.
+    api_key: str | None = None
+    #: Model name sent in ``session.start`` and reported in metrics.
+    model: str = "livekit-omni"
+    #: Output voice; empty keeps the engine's default.
+    voice: str = ""
+    #: Co-located: the engine reaps a session nobody touches for this long (0: the engine's default).
+    idle_ttl_s: float = 0.0
+    #: Caller frames held while the engine side catches up (or before the session opens); the oldest go first.
+    input_queue_frames: int = 200
+    #: Remote: model frames held for the framework; it reads them as they come, so this only bounds a stall.
+    output_queue_frames: int = 500
+    #: Remote: reconnect attempts after a connection fails or the server ends the session.
+    max_retries: int = 3
+    #: Remote: the first retry waits 0.1 s, then this, doubling per attempt (capped at 10 s).
+    retry_interval_s: float = 1.0
+    #: Connecting (and, co-located, waiting for an engine that is still loading its models).
+    connect_timeout_s: float = 10.0
+    #: Co-located: how long ``input_speech_stopped`` waits for the caller's final transcript, which LiveKit wants
+    #: first; the engine transcribes after the endpoint, so it follows the stop by the ASR time.
+    transcript_hold_s: float = 3.0
+
+    def __post_init__(self) -> None:
+        if self.input_queue_frames < 1 or self.output_queue_frames < 1:
+            raise ValueError("queue bounds must be at least 1 frame")
+        if self.max_retries < 0 or self.retry_interval_s < 0 or self.connect_timeout_s <= 0:
+            raise ValueError("max_retries and retry_interval_s must be >= 0, connect_timeout_s > 0")
+        if self.transcript_hold_s < 0 or self.idle_ttl_s < 0:
+            raise ValueError("transcript_hold_s and idle_ttl_s must be >= 0")
+
+    @property
+    def mode(self) -> str:
+        return "colocated" if self.engine_address else "remote"
+
+
+class OmniDuplexModel(llm.DuplexModel):
+    """livekit-omni's full-duplex voice engine for ``AgentSession(llm=...)``.
+
+    Give exactly one of ``engine_address`` (co-located) or ``base_url`` (remote); either may come from the
+    environment (``LIVEKIT_OMNI_ENGINE_ADDRESS`` / ``LIVEKIT_OMNI_BASE_URL``). Tools are not supported: an agent
+    with tools fails to start with a ``RealtimeError``.
+    """
+
+    def __init__(
+        self,
+        *,
+        engine_address: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        model: str | None = None,
+        voice: str | None = None,
+        idle_ttl_s: float | None = None,
+        input_queue_frames: int | None = None,
+        output_queue_frames: int | None = None,
+        max_retries: int | None = None,
+        retry_interval_s: float | None = None,
+        connect_timeout_s: float | None = None,
+        transcript_hold_s: float | None = None,
+    ) -> None:
+        super().__init__(
+            capabilities=llm.DuplexCapabilities(
+                # The engine transcribes the caller and reports turn boundaries.
+                user_transcription=True,
+                # No tools ever run (see OmniSession._update_tools), so there is no tool result to continue from.
+                auto_tool_reply_generation=False,
+                # The conversation is append-only (a KV lease holds it): new items can be added but nothing can be
+                # edited or removed, and the instructions cannot be replaced — only appended to. GPT-Live declares
+                # the same, so a handoff that changes them opens a fresh session.
+                mutable_chat_context=False,
+                mutable_instructions=False,
+                mutable_tools=False,
+            )
+        )
+        given = {
+            "engine_address": engine_address,
+            "base_url": base_url,
+            "api_key": api_key,
+            "model": model,
+            "voice": voice,
+            "idle_ttl_s": idle_ttl_s,
+            "input_queue_frames": input_queue_frames,
+            "output_queue_frames": output_queue_frames,
+            "max_retries": max_retries,
+            "retry_interval_s": retry_interval_s,
+            "connect_timeout_s": connect_timeout_s,
+            "transcript_hold_s": transcript_hold_s,
+        }
+        opts = replace(OmniOptions(), **{k: v for k, v in given.items() if v is not None})
+        if opts.engine_address is None and opts.base_url is None:
+            opts = replace(
+                opts,
+                engine_address=os.environ.get(ENV_ENGINE_ADDRESS) or None,
+                base_url=os.environ.get(ENV_BASE_URL) or None,
+            )
+        if opts.api_key is None and os.environ.get(ENV_API_KEY):
+            opts = replace(opts, api_key=os.environ[ENV_API_KEY])
+        if bool(opts.engine_address) == bool(opts.base_url):
+            raise ValueError(
+                "OmniDuplexModel needs exactly one of engine_address (co-located engine, e.g. "
+                "'unix:/run/livekit-omni/engine.sock') or base_url (remote server, e.g. 'http://host:8080/v1'); "
+                f"or set {ENV_ENGINE_ADDRESS} or {ENV_BASE_URL}"
+            )
+        if opts.engine_address:
+            # Validate early: a typo should fail at construction, not in the first call.
+            from engine_bridge.control import Address
+
+            Address.parse(opts.engine_address)
+        elif not opts.base_url.startswith(("http://", "https://", "ws://", "wss://")):  # type: ignore[union-attr]
+            raise ValueError(f"base_url must be an http(s):// or ws(s):// URL, got {opts.base_url!r}")
+        self._opts = opts
+        # Co-located sessions share one control connection per event loop (a worker has one loop; tests may run
+        # several in turn), opened on first use.
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EngineClient] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._client_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._sessions: weakref.WeakSet[OmniSession] = weakref.WeakSet()
+
+    @property
+    def options(self) -> OmniOptions:
+        return self._opts
+
+    @property
+    def mode(self) -> str:
+        """``"colocated"`` or ``"remote"``."""
+        return self._opts.mode
+
+    @property
+    def model(self) -> str:
+        return self._opts.model
+
+    @property
+    def provider(self) -> str:
+        return "livekit-omni"
+
+    def audio_gate(self) -> llm.AudioGate:
+        return OmniGate()
+
+    def session(self) -> OmniSession:
+        if self._opts.engine_address:
+            from livekit_omni.plugin.colocated import ColocatedSession
+
+            s: OmniSession = ColocatedSession(self)
+        else:
+            from livekit_omni.plugin.remote import RemoteSession
+
+            s = RemoteSession(self)
+        self._sessions.add(s)
+        return s
+
+    async def aclose(self) -> None:
+        """Close the sessions still open on this event loop and this loop's engine connection."""
+        loop = asyncio.get_running_loop()
+        for s in [s for s in self._sessions if s._loop is loop]:
+            with contextlib.suppress(Exception):
+                await s.aclose()
+        client = self._clients.pop(loop, None)
+        if client is not None:
+            await client.close()
+
+    async def _engine_client(self) -> EngineClient:
+        """The shared control connection of this event loop, connected (and the engine ready) on first use."""
+        from engine_bridge.client import EngineClient
+
+        loop = asyncio.get_running_loop()
+        lock = self._client_locks.setdefault(loop, asyncio.Lock())
+        async with lock:
+            client = self._clients.get(loop)
+            if client is not None and not client.lost:
+                return client
+            assert self._opts.engine_address is not None
+            client = await EngineClient.connect(
+                self._opts.engine_address,
+                timeout=self._opts.connect_timeout_s,
+                client_name="livekit-omni plugin",
+            )
+            self._clients[loop] = client
+            return client
+
+
+def option_names() -> list[str]:
+    """The option names the constructor accepts (for the contract test and docs)."""
+    return [f.name for f in fields(OmniOptions)]

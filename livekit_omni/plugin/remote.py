@@ -1,0 +1,545 @@
+"""The remote connection: the OpenAI Live WebSocket of a ``livekit-omni serve`` on another machine.
+
+It behaves like LiveKit's own ``GPTLiveSession`` (docs/openai-live-protocol.md §9) where that makes sense:
+
+* the configuration is fixed at ``session.start`` (instructions, startup history as ``input``, PCM 24 kHz);
+  every command waits for ``session.started``;
+* caller audio is resampled to 24 kHz mono and sent in 100 ms ``session.input_audio.append`` chunks;
+* output deltas become 24 kHz frames as they arrive (the server paces them at real time, silence included);
+* the server's transcripts carry no turn boundaries, so a caller's turn starts with its first fragment and ends
+  after 800 ms of pushed audio without a new one (final transcript first, then ``input_speech_stopped``);
+* a dropped connection, or a session the server ends, is retried (0.1 s, then ``retry_interval_s`` doubling, at
+  most ``max_retries`` times; a ``session.started`` resets the count); each new session is re-seeded with the
+  conversation so far as ``input``, and ``session_reconnected`` is emitted. After the last attempt, or on a fatal
+  error code (bad key, quota), an unrecoverable error ends the AgentSession.
+
+Unlike GPT-Live it delegates nothing (``delegation: client``, no tools) and it does not connect before the
+configuration is complete, so the server never holds an idle socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import collections
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal
+from urllib.parse import urlparse, urlunparse
+
+import aiohttp
+import numpy as np
+from livekit import rtc
+from livekit.agents import llm, utils
+
+from livekit_omni.plugin.log import logger
+from livekit_omni.plugin.session import (
+    AppendKind,
+    DropOldestQueue,
+    HistoryTurn,
+    OmniSession,
+    frame_to_mono_pcm16,
+)
+from media.resample import Resampler
+
+if TYPE_CHECKING:
+    from livekit_omni.plugin.model import OmniDuplexModel
+
+SAMPLE_RATE: Final = 24_000
+#: 100 ms input chunks, as GPT-Live sends them.
+INPUT_CHUNK_SAMPLES: Final = SAMPLE_RATE // 10
+#: A caller's turn ends after this much pushed audio with no new transcript fragment (GPT-Live's rule).
+TURN_END_MS: Final = 800
+#: Commands (appends, mute) waiting for the connection; more means the server is unreachable for long.
+CONTROL_QUEUE_LIMIT: Final = 256
+#: On close, how long to wait for the server's ``session.closed`` (GPT-Live waits the same).
+CLOSE_TIMEOUT_S: Final = 5.0
+#: Startup history items per ``session.start`` (the protocol's cap).
+MAX_INPUT_ITEMS: Final = 128
+#: Error codes (or types) after which retrying cannot help: GPT-Live's fatal set.
+FATAL_ERROR_CODES: Final = frozenset(
+    {
+        "insufficient_quota",
+        "credit_balance_exhausted",
+        "invalid_api_key",
+        "account_deactivated",
+        "billing_hard_limit_reached",
+        "forbidden",
+    }
+)
+_CLOSING_EVENTS: Final = frozenset({"session.usage.updated", "session.closed"})
+
+
+class _Retryable(Exception):
+    """The connection failed or the server ended the session: worth another attempt."""
+
+
+class _Fatal(Exception):
+    """The server refused in a way retrying cannot fix."""
+
+
+@dataclass
+class _Speech:
+    """One speaker's current message, built from transcript fragments."""
+
+    message_id: str
+    text: str = ""
+    end_ms: int | None = None
+    started_at: float = field(default_factory=time.time)
+    quiet_ms: int = 0  # caller audio pushed since the caller's last fragment
+
+
+def live_sessions_url(base_url: str) -> str:
+    """``http://host:8080/v1`` → ``ws://host:8080/v1/live/sessions`` (the path GPT-Live builds; query dropped)."""
+    parsed = urlparse(base_url)
+    scheme = {"http": "ws", "https": "wss"}.get(parsed.scheme, parsed.scheme)
+    path = parsed.path.rstrip("/")
+    if not path.endswith("/live/sessions"):
+        path = f"{path}/live/sessions"
+    return urlunparse((scheme, parsed.netloc, path, "", "", ""))
+
+
+def health_url(base_url: str) -> str:
+    """``http://host:8080/v1`` → ``http://host:8080/health`` (health lives at the server root)."""
+    parsed = urlparse(base_url)
+    scheme = {"ws": "http", "wss": "https"}.get(parsed.scheme, parsed.scheme)
+    return urlunparse((scheme, parsed.netloc, "/health", "", "", ""))
+
+
+class RemoteSession(OmniSession):
+    """One Live session on a remote ``livekit-omni serve``; see the module docstring."""
+
+    def __init__(self, model: OmniDuplexModel) -> None:
+        super().__init__(model)
+        assert self._opts.base_url is not None
+        self._url = live_sessions_url(self._opts.base_url)
+        self._out: DropOldestQueue[llm.DuplexAudioFrame] = DropOldestQueue(self._opts.output_queue_frames)
+        self._control: collections.deque[dict[str, Any]] = collections.deque()
+        self._wake = asyncio.Event()
+        self._http: aiohttp.ClientSession | None = None
+        # Per connection.
+        self._session_id: str | None = None
+        self._session_started = asyncio.Event()
+        self._session_closed = asyncio.Event()
+        self._closed_reason = ""
+        self._usage_total = 0.0
+        # Input conversion state (reset per connection: a partial chunk never crosses sessions).
+        self._resampler: Resampler | None = None
+        self._chunk = np.zeros(INPUT_CHUNK_SAMPLES, dtype=np.int16)
+        self._chunk_fill = 0
+        self._speech: dict[Literal["user", "assistant"], _Speech] = {}
+        self._retries = 0
+        self._stream = self._frames()
+        self._main = asyncio.create_task(self._main_task(), name="omni.remote.main")
+
+    # --- DuplexSession ------------------------------------------------------------------------------------------
+    @property
+    def audio_stream(self) -> AsyncIterator[llm.DuplexAudioFrame]:
+        return self._stream
+
+    @property
+    def session_id(self) -> str | None:
+        """The server's id of the current Live session."""
+        return self._session_id
+
+    @property
+    def output_frames_dropped(self) -> int:
+        return self._out.dropped
+
+    async def wait_ready(self) -> bool:
+        # The started event is replaced per connection, so poll the current one (cheaply) until it is set.
+        while not self._session_started.is_set():
+            if self._failed or self._closing or self._main.done():
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    def push_audio(self, frame: rtc.AudioFrame) -> None:
+        super().push_audio(frame)
+        # The caller's turn ends on their own audio: this much pushed since their last fragment.
+        if (speech := self._speech.get("user")) is not None:
+            speech.quiet_ms += round(frame.duration * 1000)
+            if speech.quiet_ms >= TURN_END_MS:
+                self._end_speech("user")
+        self._wake.set()
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        self._input.close()
+        self._wake.set()
+        # The main task sends session.close and waits (bounded) for session.closed; past that it is cancelled.
+        try:
+            await asyncio.wait_for(asyncio.shield(self._main), CLOSE_TIMEOUT_S + 1.0)
+        except (TimeoutError, asyncio.CancelledError):
+            await utils.aio.cancel_and_wait(self._main)
+        except Exception:
+            logger.exception("livekit-omni remote session ended with an error")
+        self._out.close()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    # --- subclass verbs -------------------------------------------------------------------------------------------
+    def _send_append(self, kind: AppendKind, text: str) -> None:
+        self._queue_command(
+            {
+                "type": f"session.{kind}.append",
+                "event_id": utils.shortuuid("append_"),
+                "content": text,
+                "delegation_id": None,
+            }
+        )
+
+    def _request_reply(self, instructions: str | None) -> None:
+        # The Live protocol has no reply verb: commentary is "say this now, in your own words". A bare ask is the
+        # engine's speak-now: an empty commentary.
+        self._send_append("commentary", instructions or "")
+
+    def _send_mute(self, muted: bool) -> None:
+        event = "session.input_audio.mute" if muted else "session.input_audio.unmute"
+        self._queue_command({"type": event, "event_id": utils.shortuuid("mute_")})
+
+    def _queue_command(self, event: dict[str, Any]) -> None:
+        if self._closing or self._failed:
+            raise llm.RealtimeError("the livekit-omni session is closed")
+        if len(self._control) >= CONTROL_QUEUE_LIMIT:
+            raise llm.RealtimeError(
+                f"{CONTROL_QUEUE_LIMIT} commands are waiting for the server; it is not reachable",
+                code="server_unreachable",
+            )
+        self._control.append(event)
+        self._wake.set()
+
+    # --- connection loop --------------------------------------------------------------------------------------
+    async def _main_task(self) -> None:
+        try:
+            # Instructions and startup history are fixed at session.start: wait until the framework set them.
+            await self._configured.wait()
+            reconnecting = False
+            while not self._closing:
+                try:
+                    ws = await self._connect()
+                    if reconnecting:
+                        self._reset_for_reconnect()
+                        self.emit("session_reconnected", llm.RealtimeSessionReconnectedEvent())
+                    await self._run_ws(ws)
+                except _Fatal as e:
+                    self._emit_error(llm.RealtimeError(str(e), code="fatal"), recoverable=False)
+                    return
+                except _Retryable as e:
+                    if self._closing:
+                        return
+                    if self._retries >= self._opts.max_retries:
+                        self._emit_error(
+                            llm.RealtimeError(
+                                f"livekit-omni server at {self._url} unavailable after "
+                                f"{self._retries + 1} attempts: {e}",
+                                code="connection_failed",
+                            ),
+                            recoverable=False,
+                        )
+                        return
+                    self._emit_error(llm.RealtimeError(str(e), code="connection_lost"), recoverable=True)
+                    delay = self._retry_delay(self._retries)
+                    self._retries += 1
+                    logger.warning("livekit-omni: %s; retry %d in %.1f s", e, self._retries, delay)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wait_closing(), delay)
+                reconnecting = True
+        finally:
+            self._out.close()
+
+    def _retry_delay(self, attempt: int) -> float:
+        if attempt == 0:
+            return 0.1
+        return min(self._opts.retry_interval_s * 2 ** (attempt - 1), 10.0)
+
+    async def _connect(self) -> aiohttp.ClientWebSocketResponse:
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        headers = {"User-Agent": "livekit-omni plugin"}
+        if self._opts.api_key:
+            headers["Authorization"] = f"Bearer {self._opts.api_key}"
+        t0 = time.perf_counter()
+        try:
+            ws = await asyncio.wait_for(
+                self._http.ws_connect(self._url, headers=headers, max_msg_size=8 * 1024 * 1024),
+                self._opts.connect_timeout_s,
+            )
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise _Retryable(f"connecting to {self._url} failed: {e or type(e).__name__}") from None
+        self._report_connection_acquired(time.perf_counter() - t0)
+        return ws
+
+    def _reset_for_reconnect(self) -> None:
+        # A new connection is a new session, re-seeded from the history; whatever the old one was carrying (a
+        # partial chunk, an open caller turn, usage totals) does not continue.
+        self._end_speech("user")
+        self._end_speech("assistant")
+        self._speech.clear()
+        self._resampler = None
+        self._chunk_fill = 0
+        self._usage_total = 0.0
+        self._session_id = None
+
+    async def _run_ws(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self._session_started = asyncio.Event()
+        self._session_closed = asyncio.Event()
+        self._closed_reason = ""
+        try:
+            if self._closing:
+                return
+            await self._send(ws, self._session_start_event())
+            self._config_sent = True
+            recv = asyncio.create_task(self._recv_loop(ws), name="omni.remote.recv")
+            send = asyncio.create_task(self._send_loop(ws), name="omni.remote.send")
+            try:
+                done, _ = await asyncio.wait({recv, send}, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()
+                if send in done and not recv.done():
+                    # A clean close: session.close was sent and the socket closed; let recv see the close.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(recv), 1.0)
+            finally:
+                await utils.aio.cancel_and_wait(recv, send)
+        finally:
+            # What arrives from now on is history for the next connection, not an append.
+            self._config_sent = False
+            await ws.close()
+        if not self._closing:
+            if self._session_closed.is_set():
+                raise _Retryable(f"the server ended the session ({self._closed_reason or 'no reason'})")
+            raise _Retryable("the connection closed unexpectedly")
+
+    async def _send(self, ws: aiohttp.ClientWebSocketResponse, event: dict[str, Any]) -> None:
+        if event.get("type") != "session.input_audio.append":
+            self.emit("omni_client_event", event)
+        try:
+            await ws.send_str(json.dumps(event))
+        except (aiohttp.ClientError, ConnectionError, OSError) as e:
+            raise _Retryable(f"send failed: {e}") from None
+
+    async def _send_loop(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        # The protocol wants session.started before any audio or command.
+        started = asyncio.create_task(self._session_started.wait())
+        closing = asyncio.create_task(self._wait_closing())
+        try:
+            await asyncio.wait({started, closing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await utils.aio.cancel_and_wait(started, closing)
+        if self._session_started.is_set() and self._input_muted:
+            # A new session starts unmuted; the mute the app asked for is re-applied before it hears anything.
+            await self._send(ws, {"type": "session.input_audio.mute", "event_id": utils.shortuuid("mute_")})
+        while not self._closing:
+            while self._control:
+                await self._send(ws, self._control.popleft())
+            while (frame := self._input.get_nowait()) is not None:
+                for chunk in self._to_chunks(frame):
+                    await self._send(
+                        ws,
+                        {
+                            "type": "session.input_audio.append",
+                            "audio": base64.b64encode(chunk.tobytes()).decode("ascii"),
+                        },
+                    )
+            self._wake.clear()
+            if not self._control and not len(self._input):
+                await self._wake.wait()
+        # Closing: ask the server to finalize, wait (bounded) for session.closed, then close.
+        if self._session_started.is_set():
+            with contextlib.suppress(_Retryable):
+                await self._send(ws, {"type": "session.close"})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._session_closed.wait(), CLOSE_TIMEOUT_S)
+        await ws.close()
+
+    async def _wait_closing(self) -> None:
+        while not self._closing:
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _to_chunks(self, frame: rtc.AudioFrame) -> list[np.ndarray]:
+        """Caller audio → 24 kHz mono, cut into 100 ms chunks (a partial chunk waits for the next frame)."""
+        pcm = frame_to_mono_pcm16(frame)
+        if self._resampler is None or self._resampler.in_rate != frame.sample_rate:
+            self._resampler = Resampler.for_rates(frame.sample_rate, SAMPLE_RATE)
+        pcm = self._resampler.process(pcm)
+        chunks: list[np.ndarray] = []
+        pos = 0
+        while pos < pcm.shape[0]:
+            take = min(INPUT_CHUNK_SAMPLES - self._chunk_fill, pcm.shape[0] - pos)
+            self._chunk[self._chunk_fill : self._chunk_fill + take] = pcm[pos : pos + take]
+            self._chunk_fill += take
+            pos += take
+            if self._chunk_fill == INPUT_CHUNK_SAMPLES:
+                chunks.append(self._chunk.copy())
+                self._chunk_fill = 0
+        return chunks
+
+    async def _recv_loop(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        try:
+            async for msg in ws:
+                if msg.type == aiohttp.WSMsgType.TEXT:
+                    try:
+                        event = json.loads(msg.data)
+                    except json.JSONDecodeError:
+                        raise _Fatal("the server sent a text frame that is not JSON") from None
+                    if not isinstance(event, dict):
+                        raise _Fatal("the server sent JSON that is not an object")
+                    self.emit("omni_server_event", event)
+                    if self._closing and event.get("type") not in _CLOSING_EVENTS:
+                        continue  # the framework has torn down; only the shutdown events matter
+                    self._handle_event(event)
+                elif msg.type == aiohttp.WSMsgType.ERROR:
+                    raise _Retryable(f"receive failed: {ws.exception()}")
+        except (aiohttp.ClientError, ConnectionError) as e:
+            raise _Retryable(f"receive failed: {e}") from None
+
+    # --- server events ------------------------------------------------------------------------------------------
+    def _handle_event(self, event: dict[str, Any]) -> None:
+        etype = event.get("type", "")
+        if etype == "session.output_audio.delta":
+            self._on_audio_delta(event)
+        elif etype == "session.output_transcript.delta":
+            self._on_transcript("assistant", event)
+        elif etype == "session.input_transcript.delta":
+            self._on_transcript("user", event)
+        elif etype == "session.started":
+            session = event.get("session") or {}
+            self._session_id = session.get("id") or self._session_id
+            self._retries = 0
+            self._session_started.set()
+        elif etype == "session.usage.updated":
+            self._on_usage(event.get("usage") or {})
+        elif etype == "session.closed":
+            self._on_usage(event.get("usage") or {})
+            self._closed_reason = str(event.get("reason") or "")
+            self._session_closed.set()
+        elif etype == "error":
+            self._on_error(event.get("error") or {})
+        else:
+            logger.debug("livekit-omni server event %s", etype)
+
+    def _on_audio_delta(self, event: dict[str, Any]) -> None:
+        try:
+            data = base64.b64decode(event.get("delta") or "", validate=True)
+        except (binascii.Error, ValueError):
+            logger.warning("livekit-omni: dropping an output delta that is not base64")
+            return
+        if not data or len(data) % 2:
+            return
+        frame = rtc.AudioFrame(data, SAMPLE_RATE, 1, len(data) // 2)
+        self._out.put(llm.DuplexAudioFrame(frame=frame))
+
+    def _on_transcript(self, role: Literal["user", "assistant"], event: dict[str, Any]) -> None:
+        delta = event.get("delta")
+        if not isinstance(delta, str) or not delta:
+            return
+        start_ms, end_ms = event.get("start_ms"), event.get("end_ms")
+        speech = self._speech.get(role)
+        # A pause on the server's clock ends the message even when its fragments arrived together.
+        if (
+            speech is not None
+            and speech.end_ms is not None
+            and isinstance(start_ms, int)
+            and start_ms - speech.end_ms > TURN_END_MS
+        ):
+            self._end_speech(role)
+            speech = None
+        if speech is None:
+            speech = self._speech[role] = _Speech(message_id=utils.shortuuid(f"omni_{role}_"))
+            if role == "user":
+                self.emit("input_speech_started", llm.InputSpeechStartedEvent())
+        speech.text += delta
+        speech.quiet_ms = 0
+        if isinstance(end_ms, int):
+            speech.end_ms = max(speech.end_ms or 0, end_ms)
+        if role == "user":
+            self.emit(
+                "input_audio_transcription_completed",
+                llm.InputTranscriptionCompleted(
+                    item_id=speech.message_id,
+                    transcript=speech.text,
+                    is_final=False,
+                    turn_started_at=speech.started_at,
+                ),
+            )
+        else:
+            self.emit(
+                "transcript_delta",
+                llm.DuplexOutputTranscriptDelta(
+                    text=delta,
+                    start_ms=start_ms if isinstance(start_ms, int) else None,
+                    end_ms=end_ms if isinstance(end_ms, int) else None,
+                ),
+            )
+
+    def _end_speech(self, role: Literal["user", "assistant"]) -> None:
+        """Close a speaker's message: it joins the history; for the caller it also ends the turn."""
+        if (speech := self._speech.pop(role, None)) is None:
+            return
+        if speech.text.strip():
+            self._history.append(HistoryTurn(role, speech.text.strip()))
+        if role != "user":
+            return
+        self._first_sight(speech.message_id)
+        # The final transcript goes out first, so nothing waits for one after the stop.
+        self.emit(
+            "input_audio_transcription_completed",
+            llm.InputTranscriptionCompleted(
+                item_id=speech.message_id,
+                transcript=speech.text,
+                is_final=True,
+                turn_started_at=speech.started_at,
+            ),
+        )
+        self.emit("input_speech_stopped", llm.InputSpeechStoppedEvent(user_transcription_enabled=False))
+
+    def _on_usage(self, usage: dict[str, Any]) -> None:
+        seconds = usage.get("seconds")
+        if not isinstance(seconds, int | float):
+            return
+        # Reported cumulatively per session; only the delta goes to LiveKit's collector.
+        previous, self._usage_total = self._usage_total, float(seconds)
+        self._emit_usage(max(0.0, self._usage_total - previous), self._session_id or "")
+
+    def _on_error(self, error: dict[str, Any]) -> None:
+        code, etype = error.get("code"), error.get("type")
+        message = f"server error {code or etype}: {error.get('message', '')}"
+        if code in FATAL_ERROR_CODES or etype in FATAL_ERROR_CODES:
+            raise _Fatal(message)
+        self._emit_error(
+            llm.RealtimeError(message, code=code if isinstance(code, str) else None), recoverable=True
+        )
+
+    # --- output -----------------------------------------------------------------------------------------------
+    def _session_start_event(self) -> dict[str, Any]:
+        """The whole configuration, rebuilt for each connection: a reconnect carries the conversation so far."""
+        items: list[dict[str, Any]] = []
+        for turn in list(self._history)[-MAX_INPUT_ITEMS:]:
+            part = "output_text" if turn.role == "assistant" else "input_text"
+            items.append(
+                {"type": "message", "role": turn.role, "content": [{"type": part, "text": turn.text}]}
+            )
+        audio: dict[str, Any] = {"format": {"type": "audio/pcm", "rate": SAMPLE_RATE}}
+        if self._opts.voice:
+            audio["output"] = {"voice": self._opts.voice}
+        session: dict[str, Any] = {
+            "model": self._opts.model,
+            "audio": audio,
+            "delegation": {"type": "client"},
+        }
+        if self._instructions:
+            session["instructions"] = self._instructions
+        if items:
+            session["input"] = items
+        return {"type": "session.start", "event_id": utils.shortuuid("session_start_"), "session": session}
+
+    async def _frames(self) -> AsyncIterator[llm.DuplexAudioFrame]:
+        async for frame in self._out:
+            yield frame

@@ -1,0 +1,364 @@
+"""What the co-located and the remote session share: the framework hooks, startup history, item de-duplication,
+the public steering methods, error and usage reporting, and the bounded queues.
+
+The two connections differ only in how they reach the engine (see :mod:`.colocated` and :mod:`.remote`); each
+subclass implements four verbs — send a text append, ask for a reply, set the mute, and say whether the session has
+started — and the rest is here, so both behave the same towards LiveKit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from abc import abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Generic, Literal, TypeVar
+
+import numpy as np
+from livekit import rtc
+from livekit.agents import llm
+from livekit.agents.metrics import RealtimeModelMetrics
+from livekit.agents.metrics.base import Metadata
+from livekit.agents.types import NOT_GIVEN, NotGivenOr
+from livekit.agents.utils import is_given
+
+from livekit_omni.plugin.log import logger
+from media.codecs import downmix_interleaved
+
+if TYPE_CHECKING:
+    from livekit_omni.plugin.model import OmniDuplexModel, OmniOptions
+
+T = TypeVar("T")
+
+Role = Literal["developer", "user", "assistant"]
+AppendKind = Literal["instructions", "thinking", "commentary"]
+
+#: Item ids remembered for de-duplication. The framework re-sends the whole context on a reused handoff; a
+#: conversation has a few hundred items at most, so this bound is never reached in practice but keeps memory fixed.
+SEEN_IDS_LIMIT: Final = 4096
+#: Conversation kept for startup history (co-located) and for re-seeding a reconnect (remote). The Live protocol
+#: accepts at most 128 startup items, and the engine trims its own context, so older turns have no use.
+HISTORY_LIMIT: Final = 128
+
+OmniEventTypes = Literal["omni_reply_done", "omni_barge_in", "omni_server_event", "omni_client_event"]
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryTurn:
+    """One rendered conversation item: what the engine's startup history and a Live ``session.start`` carry."""
+
+    role: Role
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class OmniReplyDone:
+    """A reply ended (co-located mode): ``text`` is what the engine kept — after a barge-in, only what was played."""
+
+    turn_id: int
+    interrupted: bool
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class OmniBargeIn:
+    """The caller talked over reply ``turn_id``; ``played_ms`` of it had been played (co-located mode)."""
+
+    turn_id: int
+    played_ms: int
+
+
+def frame_to_mono_pcm16(frame: rtc.AudioFrame) -> np.ndarray:
+    """An rtc.AudioFrame (interleaved int16, any channel count) as mono int16 at the frame's rate (a view when
+    it is already mono)."""
+    pcm = np.frombuffer(frame.data, dtype=np.int16)
+    return pcm if frame.num_channels == 1 else downmix_interleaved(pcm, frame.num_channels)
+
+
+def render_item(item: llm.ChatItem) -> tuple[Role, str] | None:
+    """A context item as a role and text the engine carries (tool traffic narrated, as GPT-Live does)."""
+    if isinstance(item, llm.ChatMessage):
+        if not (text := item.text_content):
+            return None
+        if item.role in ("system", "developer"):
+            return "developer", text
+        return ("user" if item.role == "user" else "assistant"), text
+    if isinstance(item, llm.FunctionCall):
+        return "developer", f"Called tool {item.name} with {item.arguments}"
+    if isinstance(item, llm.FunctionCallOutput):
+        verb = "failed with" if item.is_error else "returned"
+        return "developer", f"Tool {item.name or item.call_id} {verb} {item.output}"
+    return None
+
+
+class DropOldestQueue(Generic[T]):
+    """A bounded FIFO with one consumer whose producer never waits: when full, the oldest item is dropped and
+    counted. Caller audio goes through one, so a stalled consumer costs the oldest audio, never the event loop."""
+
+    def __init__(self, maxlen: int) -> None:
+        if maxlen < 1:
+            raise ValueError("queue bound must be at least 1")
+        self._items: collections.deque[T] = collections.deque()
+        self._maxlen = maxlen
+        self._ready = asyncio.Event()
+        self._closed = False
+        #: Items dropped because the queue was full.
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def put(self, item: T) -> None:
+        if self._closed:
+            return
+        if len(self._items) >= self._maxlen:
+            self._items.popleft()
+            self.dropped += 1
+        self._items.append(item)
+        self._ready.set()
+
+    def get_nowait(self) -> T | None:
+        return self._items.popleft() if self._items else None
+
+    async def get(self) -> T | None:
+        """The next item; None once the queue is closed and empty."""
+        while not self._items:
+            if self._closed:
+                return None
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.popleft()
+
+    def clear(self) -> int:
+        n = len(self._items)
+        self._items.clear()
+        return n
+
+    def close(self) -> None:
+        self._closed = True
+        self._ready.set()
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[T]:
+        while (item := await self.get()) is not None:
+            yield item
+
+
+class OmniSession(llm.DuplexSession[OmniEventTypes]):
+    """The common part of a livekit-omni duplex session. Reach it from an agent as ``agent.duplex_session``.
+
+    Public steering (queued, never blocking): :meth:`append_instructions`, :meth:`append_thinking`,
+    :meth:`append_commentary`, :meth:`speak_now`, :meth:`mute_input`, :meth:`unmute_input`.
+    """
+
+    def __init__(self, model: OmniDuplexModel) -> None:
+        super().__init__(model)
+        self._omni_model = model
+        self._opts: OmniOptions = model.options
+        self._instructions = ""
+        self._history: collections.deque[HistoryTurn] = collections.deque(maxlen=HISTORY_LIMIT)
+        self._seen_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._input: DropOldestQueue[rtc.AudioFrame] = DropOldestQueue(self._opts.input_queue_frames)
+        self._input_muted = False
+        #: Whether the configuration (instructions, startup history) has been handed to the engine. Until then
+        #: appended context only joins the history that the configuration carries; afterwards it is sent as an
+        #: append. A remote session clears it between connections, so a reconnect re-sends everything as history.
+        self._config_sent = False
+        #: Set once an unrecoverable error was reported, so a session reports its end exactly once.
+        self._failed = False
+        self._loop = asyncio.get_running_loop()
+
+    # --- subclass verbs ---------------------------------------------------------------------------------------
+    @abstractmethod
+    def _send_append(self, kind: AppendKind, text: str) -> None:
+        """Queue a text append for the engine (after start). Raises ``llm.RealtimeError`` when it cannot."""
+
+    @abstractmethod
+    def _request_reply(self, instructions: str | None) -> None:
+        """Ask the model to speak now (after start, or queued until then)."""
+
+    @abstractmethod
+    def _send_mute(self, muted: bool) -> None:
+        """Queue a mute change (re-applied by the subclass to any new engine session)."""
+
+    @abstractmethod
+    async def wait_ready(self) -> bool:
+        """Wait until the engine session is open (True), or could not be opened / was closed first (False)."""
+
+    # --- properties ---------------------------------------------------------------------------------------------
+    @property
+    def model(self) -> OmniDuplexModel:
+        return self._omni_model
+
+    @property
+    def tools(self) -> llm.ToolContext:
+        # livekit-omni runs no tools (see _update_tools), so the tool context is always empty.
+        return llm.ToolContext.empty()
+
+    @property
+    def input_frames_dropped(self) -> int:
+        """Caller frames dropped because the input queue was full (the engine side fell behind)."""
+        return self._input.dropped
+
+    @property
+    def started(self) -> bool:
+        """Whether the session's configuration has been handed to the engine (later context goes as appends)."""
+        return self._config_sent
+
+    # --- audio in -----------------------------------------------------------------------------------------------
+    def push_audio(self, frame: rtc.AudioFrame) -> None:
+        # Called by the framework for every caller frame on the event loop: O(1), never waits.
+        self._input.put(frame)
+
+    # --- framework hooks ------------------------------------------------------------------------------------------
+    async def _update_instructions(self, instructions: str) -> None:
+        if not self.started:
+            # Before start they are the session's own instructions (SessionConfig / session.start).
+            self._instructions = instructions
+            return
+        if instructions == self._instructions:
+            return
+        # After start the engine cannot replace its instructions (its context is append-only, the KV holds them);
+        # the new ones become a standing instruction appended to the conversation.
+        self._instructions = instructions
+        self._append_context("instructions", instructions)
+
+    async def _append_items(self, items: list[llm.ChatItem]) -> None:
+        fresh = [item for item in items if self._first_sight(item.id)]
+        if not self.started:
+            # Startup history, handed over with the session's configuration.
+            for item in fresh:
+                if (rendered := render_item(item)) is not None:
+                    self._history.append(HistoryTurn(*rendered))
+            return
+        # As GPT-Live: a system/developer message is a standing instruction, everything else is silent context in
+        # one thinking append, one "role: text" line per item.
+        lines: list[str] = []
+        for item in fresh:
+            if (rendered := render_item(item)) is None:
+                continue
+            role, text = rendered
+            self._history.append(HistoryTurn(role, text))
+            if isinstance(item, llm.ChatMessage) and item.role in ("system", "developer"):
+                self._send_append("instructions", text)
+            else:
+                lines.append(f"{role}: {text}")
+        if lines:
+            self._send_append("thinking", "\n".join(lines))
+
+    async def _update_tools(self, tools: list[llm.Tool]) -> None:
+        if tools:
+            ids = sorted(tool.id for tool in llm.ToolContext(tools).flatten())
+            raise llm.RealtimeError(
+                f"livekit-omni does not run tools, so the model could never call {ids}. Give the agent no "
+                "tools; feed facts in with append_thinking() or the chat context instead.",
+                code="tools_unsupported",
+            )
+
+    def _update_options(self, *, tool_choice: NotGivenOr[llm.ToolChoice | None] = NOT_GIVEN) -> None:
+        # tool_choice is the only option the framework sets, and there are no tools for it to choose among.
+        return None
+
+    def _generate_reply(
+        self,
+        *,
+        instructions: NotGivenOr[str] = NOT_GIVEN,
+        tool_choice: NotGivenOr[llm.ToolChoice] = NOT_GIVEN,
+        tools: NotGivenOr[list[llm.Tool]] = NOT_GIVEN,
+    ) -> None:
+        if is_given(tools) and tools:
+            raise llm.RealtimeError("livekit-omni does not run tools", code="tools_unsupported")
+        self._request_reply(instructions if is_given(instructions) and instructions else None)
+
+    # --- public steering --------------------------------------------------------------------------------------
+    def append_instructions(self, text: str) -> None:
+        """Add a standing instruction to the conversation."""
+        self._append_context("instructions", text)
+
+    def append_thinking(self, text: str) -> None:
+        """Give the model something to know without saying it."""
+        self._append_context("thinking", text)
+
+    def append_commentary(self, text: str) -> None:
+        """Give the model something to say now, in its own words."""
+        self._request_reply(text)
+
+    def speak_now(self) -> None:
+        """Ask the model to speak now without waiting for the caller."""
+        self._request_reply(None)
+
+    def mute_input(self) -> None:
+        """The engine hears silence instead of the caller (the timeline keeps moving); kept across reconnects."""
+        self._input_muted = True
+        self._send_mute(True)
+
+    def unmute_input(self) -> None:
+        self._input_muted = False
+        self._send_mute(False)
+
+    # --- helpers for subclasses ---------------------------------------------------------------------------------
+    def _first_sight(self, item_id: str) -> bool:
+        if item_id in self._seen_ids:
+            return False
+        self._seen_ids[item_id] = None
+        if len(self._seen_ids) > SEEN_IDS_LIMIT:
+            self._seen_ids.popitem(last=False)
+        return True
+
+    def _append_context(self, kind: Literal["instructions", "thinking"], text: str) -> None:
+        if not text:
+            return
+        # Kept in the history either way: before start it is startup history, after start it re-seeds a reconnect.
+        self._history.append(HistoryTurn("developer", text))
+        if self.started:
+            self._send_append(kind, text)
+
+    def _emit_error(self, error: Exception, *, recoverable: bool) -> None:
+        if self._failed or self._closing:
+            return
+        if not recoverable:
+            self._failed = True
+        logger.log(
+            logging.WARNING if recoverable else logging.ERROR,
+            "livekit-omni session error (%s): %s",
+            "recoverable" if recoverable else "unrecoverable",
+            error,
+        )
+        self.emit(
+            "error",
+            llm.RealtimeModelError(
+                timestamp=time.time(), label=self._omni_model.label, error=error, recoverable=recoverable
+            ),
+        )
+
+    def _emit_usage(self, session_seconds: float, request_id: str) -> None:
+        """Usage as a delta: LiveKit's collector sums every event, so a cumulative figure would be counted again
+        and again."""
+        if session_seconds <= 0:
+            return
+        self.emit(
+            "metrics_collected",
+            RealtimeModelMetrics(
+                timestamp=time.time(),
+                request_id=request_id,
+                label=self._omni_model.label,
+                session_duration=session_seconds,
+                input_token_details=RealtimeModelMetrics.InputTokenDetails(),
+                output_token_details=RealtimeModelMetrics.OutputTokenDetails(),
+                metadata=Metadata(
+                    model_name=self._omni_model.model, model_provider=self._omni_model.provider
+                ),
+            ),
+        )
+
+    def _startup_history(self) -> list[HistoryTurn]:
+        return list(self._history)

@@ -1,0 +1,803 @@
+"""WebRTC for the media plane (aiortc), written once for the Live facade's ``POST /v1/live/sessions`` and the browser.
+
+:func:`answer_offer` takes a client's SDP offer and an open :class:`~engine_bridge.client.EngineSession` and returns
+a :class:`WebRTCPeer` whose ``answer_sdp`` goes back to the client. The peer
+
+* sends the session's model audio: an outgoing track paced by :class:`~media.pacer.Pacer` and fed by an
+  :class:`~media.egress.EgressPlayer` at 48 kHz (Opus, encoded by aiortc) or at 8 kHz when the peer offers only
+  G.711 (PCMU/PCMA, encoded by aiortc); pts grow by one frame per frame;
+* writes the caller's audio into the session's ingress ring through an :class:`~media.ingress.IngressWriter`,
+  holding at most ``max_input_backlog`` decoded frames (drop-oldest, counted) if the event loop falls behind;
+  aiortc's receive jitter buffer is replaced by :class:`AudioJitterBuffer` (see ``DEFAULT_JITTER_PREFETCH``);
+* accepts the data channel the client opens (OpenAI Live WebRTC: ``"oai-events"``, JSON text) and exposes
+  ``on_datachannel_message`` / :meth:`WebRTCPeer.send_event` so the facade can speak the Live protocol over it;
+* reports connection-state changes to ``on_connection_state`` and closes itself when the connection fails;
+* never contacts a STUN/TURN server unless one is configured (aiortc's default is Google's public STUN server).
+
+It does not own the engine session: :meth:`WebRTCPeer.close` frees the peer, its tasks and buffers, and the caller
+closes the session. Route the session's :class:`~engine_bridge.protocol.OutputTranscript` events to
+``peer.player.add_transcript``; ``on_output_frame`` then sees them in the frame whose audio they belong to.
+
+Loopback use (tests, benchmarks, a browser on the same machine): aioice never gathers 127.0.0.1, so
+:func:`enable_loopback_ice` patches its host-address lookup process-wide, and ``loopback_only`` strips every offered
+candidate that is not UDP on 127.0.0.1 (mDNS ``.local`` candidates are always stripped: aioice would resolve them
+by multicast). See shared/docs/browser-webrtc-testing.md.
+
+:class:`WebRTCCaller` is the client side of the same call (an aiortc peer that sends audio and records what comes
+back), for tests, benchmarks and self-checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import fractions
+import inspect
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, Literal
+
+import aioice.ice
+import numpy as np
+from aiortc import (
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCRtpReceiver,
+    RTCRtpSender,
+    RTCRtpTransceiver,
+    RTCSessionDescription,
+)
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.utils import uint16_add
+from av import AudioFrame, Packet
+
+from media.codecs import OPUS_FRAME_SAMPLES, OPUS_RATE, OpusEncoder, rms_dbfs
+from media.egress import EgressPlayer, OutputFrame
+from media.ingress import IngressWriter, SessionLike, frame_to_mono_pcm16
+from media.pacer import Pacer
+
+log = logging.getLogger(__name__)
+
+#: Receive jitter-buffer prefetch for caller audio (see :class:`AudioJitterBuffer`). aiortc holds each audio frame
+#: until 4 later frames have arrived. Nothing downstream needs a playout cushion — the ingress ring absorbs arrival
+#: jitter and the engine reads it every 10 ms — so the wait only delays every caller turn and every barge-in.
+#: Measured (``benchmarks/media_plane.py --jitter-only``: aiortc caller → answer_offer() on 127.0.0.1, 2-core VM,
+#: from the first frame of a tone burst handed to the caller's aiortc sender to the server's IngressWriter,
+#: 30 bursts each): prefetch 4 (aiortc's rule) → median 81 ms (p90 84); 2 → 41 ms; 1 → 21 ms; 0 → 1.3 ms (p90 2.3).
+#: Default 0: in-order audio is never held. The price is that a packet arriving after a later one is dropped
+#: (a 20 ms gap in what the engine hears) instead of being put back in order; raise it to 1 (+20 ms) for paths
+#: that reorder. Losses never stall the buffer at any setting.
+DEFAULT_JITTER_PREFETCH: Final = 0
+#: Decoded input frames allowed to wait for the consumer before the oldest are dropped (100 ms).
+DEFAULT_MAX_INPUT_BACKLOG: Final = 5
+#: Offers larger than this are refused before parsing (a browser's is ~3–6 KB).
+MAX_OFFER_BYTES: Final = 64 * 1024
+#: Outgoing data-channel bytes queued in SCTP before :meth:`WebRTCPeer.send_event` refuses more.
+MAX_DATACHANNEL_BUFFERED: Final = 1 << 20
+#: Events queued while no data channel is open yet, and client messages waiting for the handler.
+MAX_PENDING_EVENTS: Final = 256
+MAX_INBOUND_MESSAGES: Final = 256
+#: Client data-channel messages above this size are refused (reported through ``on_datachannel_error``).
+MAX_DATACHANNEL_MESSAGE: Final = 1 << 20
+
+_LOOPBACK: Final = "127.0.0.1"
+_loopback_patched = False
+_original_get_host_addresses = aioice.ice.get_host_addresses
+
+MessageHandler = Callable[[str | bytes], Awaitable[None] | None]
+StateHandler = Callable[[str], Awaitable[None] | None]
+ErrorHandler = Callable[[str, str], None]
+FrameHandler = Callable[[OutputFrame], None]
+InputHandler = Callable[[AudioFrame], None]
+
+
+class SdpError(ValueError):
+    """The offer is oversized, malformed, or has nothing this peer can answer (no audio)."""
+
+
+# --- loopback ICE -----------------------------------------------------------------------------------------------
+
+
+def _loopback_host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+    return [_LOOPBACK] if use_ipv4 else []
+
+
+def enable_loopback_ice() -> None:
+    """Make aioice gather only 127.0.0.1 (it skips loopback by design). Process-wide; idempotent."""
+    global _loopback_patched
+    aioice.ice.get_host_addresses = _loopback_host_addresses
+    _loopback_patched = True
+
+
+def disable_loopback_ice() -> None:
+    """Undo :func:`enable_loopback_ice`."""
+    global _loopback_patched
+    aioice.ice.get_host_addresses = _original_get_host_addresses
+    _loopback_patched = False
+
+
+def loopback_ice_enabled() -> bool:
+    return _loopback_patched
+
+
+_CANDIDATE_RE: Final = re.compile(
+    r"^a=candidate:\S+\s+\d+\s+(\S+)\s+\d+\s+(\S+)\s+\d+\s+typ\s+(\S+)", re.IGNORECASE
+)
+
+
+def sanitize_offer_sdp(sdp: str, *, loopback_only: bool) -> str:
+    """Drop candidates aioice must not act on: mDNS ``*.local`` names always; with ``loopback_only`` everything but
+    UDP 127.0.0.1 (LAN addresses, IPv6, TCP). Line endings are kept."""
+    eol = "\r\n" if "\r\n" in sdp else "\n"
+    kept: list[str] = []
+    for line in sdp.splitlines():
+        m = _CANDIDATE_RE.match(line)
+        if m is not None:
+            transport, address = m.group(1).lower(), m.group(2).lower()
+            if address.endswith(".local"):
+                continue
+            if loopback_only and (transport != "udp" or address != _LOOPBACK):
+                continue
+        kept.append(line)
+    return eol.join(kept) + eol
+
+
+def _ice_servers(servers: Sequence[RTCIceServer | str]) -> list[RTCIceServer]:
+    return [s if isinstance(s, RTCIceServer) else RTCIceServer(urls=s) for s in servers]
+
+
+# --- receive jitter buffer --------------------------------------------------------------------------------------
+
+
+class AudioJitterBuffer(JitterBuffer):
+    """A receive jitter buffer for audio: one RTP packet is one frame.
+
+    aiortc's buffer is written for video: it declares a frame complete only when a packet of the *next* frame
+    arrives, then waits for ``prefetch`` (default 4) more — 80 ms before a caller's audio reaches us — and on a lost
+    packet it stalls until its 16 slots overflow; since it releases at most one frame per arriving packet, one lost
+    packet leaves it 14 frames (280 ms) behind for the rest of the call. Here:
+
+    * the head frame is released once the newest packet is ``prefetch`` or more ahead of it (``prefetch=0``:
+      at once, so in-order audio is never held);
+    * a missing head packet is given up once the newest packet is more than ``prefetch`` ahead of it, so a loss
+      costs that frame and no lasting delay, and up to ``prefetch`` packets of reordering are still repaired.
+
+    Overflow, duplicates and very late packets are handled by aiortc's ``add`` as before.
+    """
+
+    def __init__(self, prefetch: int, capacity: int = 16) -> None:
+        super().__init__(capacity=capacity, prefetch=prefetch)
+        self._newest: int | None = None
+        self.holes_skipped = 0
+
+    def _remove_frame(self, sequence_number: int) -> JitterFrame | None:
+        cap = self._capacity
+        origin = self._origin
+        assert origin is not None  # add() sets it before calling us
+        newest = self._newest
+        if (
+            newest is None
+            or uint16_add(newest, -origin) >= cap  # released already, or before a reset: forget it
+            or uint16_add(sequence_number, -origin) > uint16_add(newest, -origin)
+        ):
+            newest = self._newest = sequence_number
+        ahead = uint16_add(newest, -origin)
+        if self._packets[origin % cap] is None:
+            if ahead <= self._prefetch:
+                return None
+            while self._packets[self._origin % cap] is None:  # ends at the newest packet at the latest
+                self.remove(1)
+                self.holes_skipped += 1
+            ahead = uint16_add(newest, -self._origin)
+        if ahead < self._prefetch:
+            return None
+        packet = self._packets[self._origin % cap]
+        assert packet is not None
+        self.remove(1)
+        return JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
+
+
+def install_jitter_buffer(receiver: RTCRtpReceiver, prefetch: int) -> bool:
+    """Replace an audio receiver's jitter buffer (before any RTP arrives). False if this aiortc has no such slot."""
+    attr = "_RTCRtpReceiver__jitter_buffer"
+    if not isinstance(getattr(receiver, attr, None), JitterBuffer):
+        log.warning("aiortc receiver has no %s; keeping its own jitter buffer", attr)
+        return False
+    setattr(receiver, attr, AudioJitterBuffer(prefetch))
+    return True
+
+
+def jitter_buffer_of(receiver: RTCRtpReceiver) -> JitterBuffer | None:
+    buf = getattr(receiver, "_RTCRtpReceiver__jitter_buffer", None)
+    return buf if isinstance(buf, JitterBuffer) else None
+
+
+# --- outgoing track ---------------------------------------------------------------------------------------------
+
+
+OpusMode = Literal["aiortc", "media"]
+
+
+class EgressTrack(MediaStreamTrack):
+    """The session's model audio as an aiortc audio track: one 20 ms frame per pacer tick.
+
+    ``opus="aiortc"`` hands aiortc PCM frames to encode (stereo 96 kbps, in its executor); ``opus="media"`` encodes
+    here with :class:`~media.codecs.OpusEncoder` (mono 32 kbps, voip) and hands aiortc finished packets, which it
+    only packetizes. The latter needs a 48 kHz Opus link and is chosen per peer.
+    """
+
+    kind = "audio"
+
+    def __init__(
+        self,
+        player: EgressPlayer,
+        *,
+        pacer: Pacer | None = None,
+        on_frame: FrameHandler | None = None,
+        opus: OpusMode = "aiortc",
+    ) -> None:
+        super().__init__()
+        self.player = player
+        self.pacer = pacer or Pacer()
+        self.on_frame = on_frame
+        self._pts = 0
+        self._time_base = fractions.Fraction(1, player.rate)
+        self._encoder = OpusEncoder() if opus == "media" and player.rate == OPUS_RATE else None
+        self._stereo = player.rate == OPUS_RATE
+        self._stereo_buf = np.zeros(2 * player.frame_samples, dtype=np.int16)
+        self.frames_sent = 0
+
+    async def recv(self) -> AudioFrame | Packet:  # type: ignore[override]
+        if self.readyState != "live":
+            raise MediaStreamError
+        await self.pacer.tick()
+        out = self.player.next_frame()
+        if self.on_frame is not None:
+            try:
+                self.on_frame(out)
+            except Exception:
+                log.exception("on_output_frame handler failed")
+        self.frames_sent += 1
+        pts = self._pts
+        self._pts += out.pcm.shape[0]
+        if self._encoder is not None:
+            packets = self._encoder.encode_packets(out.pcm)
+            if packets:
+                pkt = packets[0]
+                pkt.pts = pts
+                pkt.time_base = self._time_base
+                return pkt
+        if self._stereo:
+            # aiortc's Opus encoder upmixes mono through libswresample at -3 dB; duplicated channels pass unchanged.
+            self._stereo_buf[0::2] = out.pcm
+            self._stereo_buf[1::2] = out.pcm
+            frame = AudioFrame.from_ndarray(self._stereo_buf.reshape(1, -1), format="s16", layout="stereo")
+        else:
+            frame = AudioFrame.from_ndarray(out.pcm.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = self.player.rate
+        frame.pts = pts
+        frame.time_base = self._time_base
+        return frame
+
+
+# --- the peer ---------------------------------------------------------------------------------------------------
+
+
+def _negotiated_mime(transceiver: RTCRtpTransceiver) -> str:
+    codecs = [c for c in getattr(transceiver, "_codecs", []) if c.mimeType.lower() != "audio/rtx"]
+    return codecs[0].mimeType.lower() if codecs else ""
+
+
+def _output_rate_for(mime: str) -> int:
+    if mime in ("audio/pcmu", "audio/pcma"):
+        return 8000
+    if mime == "audio/g722":
+        return 16000
+    return OPUS_RATE
+
+
+async def _call(handler: Callable[..., Any] | None, *args: Any) -> None:
+    if handler is None:
+        return
+    result = handler(*args)
+    if inspect.isawaitable(result):
+        await result
+
+
+class WebRTCPeer:
+    """One client's WebRTC connection to one engine session. Created by :func:`answer_offer`."""
+
+    def __init__(
+        self,
+        pc: RTCPeerConnection,
+        session: SessionLike,
+        *,
+        max_input_backlog: int,
+        on_datachannel_message: MessageHandler | None,
+        on_connection_state: StateHandler | None,
+        on_output_frame: FrameHandler | None,
+        on_input_frame: InputHandler | None,
+        on_datachannel_error: ErrorHandler | None,
+    ) -> None:
+        self.pc = pc
+        self.session = session
+        self.answer_sdp = ""
+        self.codec = ""
+        self.writer = IngressWriter(session)
+        self.player: EgressPlayer | None = None
+        self.track: EgressTrack | None = None
+        self.channel: RTCDataChannel | None = None
+        self.on_datachannel_message = on_datachannel_message
+        self.on_connection_state = on_connection_state
+        self.on_input_frame = on_input_frame
+        self.on_datachannel_error = on_datachannel_error
+        self._on_output_frame = on_output_frame
+        self._max_input_backlog = max_input_backlog
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._outbox: collections.deque[str] = collections.deque()
+        self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(MAX_INBOUND_MESSAGES)
+        self._closing: asyncio.Future[None] | None = None
+        self.connection_state = "new"
+        self.created_at = time.monotonic()
+        #: Input frames dropped because the consumer lagged; events refused (no room); client messages dropped
+        #: (handler backlog full or oversized); events sent; client messages delivered.
+        self.input_frames = 0
+        self.input_frames_dropped = 0
+        self.events_refused = 0
+        self.messages_dropped = 0
+        self.events_sent = 0
+        self.messages_in = 0
+
+    # --- facade surface ------------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closing is not None
+
+    @property
+    def on_output_frame(self) -> FrameHandler | None:
+        return self._on_output_frame
+
+    @on_output_frame.setter
+    def on_output_frame(self, handler: FrameHandler | None) -> None:
+        self._on_output_frame = handler
+        if self.track is not None:
+            self.track.on_frame = handler
+
+    def send_event(self, event: dict[str, Any]) -> bool:
+        """Send one JSON event on the data channel (queued until the client's channel opens). False when it cannot
+        be queued (no room, or the peer is closed); the facade decides whether that is fatal."""
+        return self.send_text(json.dumps(event, separators=(",", ":"), ensure_ascii=False))
+
+    def send_text(self, text: str) -> bool:
+        if self.closed:
+            self.events_refused += 1
+            return False
+        ch = self.channel
+        if ch is None or ch.readyState == "connecting":
+            if len(self._outbox) >= MAX_PENDING_EVENTS:
+                self.events_refused += 1
+                return False
+            self._outbox.append(text)
+            return True
+        if ch.readyState != "open" or ch.bufferedAmount > MAX_DATACHANNEL_BUFFERED:
+            self.events_refused += 1
+            return False
+        ch.send(text)
+        self.events_sent += 1
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        jb = None
+        for t in self.pc.getTransceivers():
+            if t.kind == "audio":
+                jb = jitter_buffer_of(t.receiver)
+        return {
+            "connection_state": self.connection_state,
+            "codec": self.codec,
+            "input_frames": self.input_frames,
+            "input_frames_dropped": self.input_frames_dropped,
+            "events_sent": self.events_sent,
+            "events_refused": self.events_refused,
+            "messages_in": self.messages_in,
+            "messages_dropped": self.messages_dropped,
+            "jitter_holes_skipped": getattr(jb, "holes_skipped", 0),
+            "ingress": self.writer.stats(),
+            "egress": self.player.stats() if self.player is not None else {},
+            "pacer": (
+                {
+                    "ticks": self.track.pacer.ticks,
+                    "late": self.track.pacer.late,
+                    "skipped": self.track.pacer.skipped,
+                }
+                if self.track is not None
+                else {}
+            ),
+        }
+
+    async def close(self) -> None:
+        """Close the connection and free the peer's tasks, tracks and buffers. Idempotent; safe from any handler.
+        The engine session stays open (its owner closes it)."""
+        if self._closing is not None:
+            if not self._closing.done():
+                await asyncio.shield(self._closing)
+            return
+        self._closing = asyncio.get_running_loop().create_future()
+        try:
+            current = asyncio.current_task()
+            for t in list(self._tasks):
+                if t is not current:
+                    t.cancel()
+            for t in list(self._tasks):
+                if t is not current:
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await t
+            self._tasks.clear()
+            if self.channel is not None:
+                with contextlib.suppress(Exception):
+                    self.channel.close()
+            if self.track is not None:
+                self.track.stop()
+            with contextlib.suppress(Exception):
+                await self.pc.close()
+        finally:
+            self.writer.close()
+            if self.player is not None:
+                self.player.close()
+            self._outbox.clear()
+            self.connection_state = "closed"
+            self._closing.set_result(None)
+
+    # --- wiring ----------------------------------------------------------------------------------------------
+    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("webrtc peer task %s failed", task.get_name(), exc_info=task.exception())
+
+    def _start_input(self, track: MediaStreamTrack) -> None:
+        self._spawn(self._consume(track), "webrtc-input")
+
+    async def _consume(self, track: MediaStreamTrack) -> None:
+        # aiortc's RemoteStreamTrack queue is unbounded (its decoder thread pushes into it); bound it from this
+        # side: when more than max_input_backlog frames wait, the oldest are dropped.
+        queue: asyncio.Queue[Any] | None = getattr(track, "_queue", None)
+        try:
+            while True:
+                frame = await track.recv()
+                if queue is not None:
+                    while queue.qsize() > self._max_input_backlog:
+                        newer = queue.get_nowait()
+                        self.input_frames_dropped += 1
+                        if newer is None:  # end of stream marker: the track is done
+                            return
+                        frame = newer
+                self.input_frames += 1
+                self.writer.write_frame(frame)
+                if self.on_input_frame is not None:
+                    try:
+                        self.on_input_frame(frame)
+                    except Exception:
+                        log.exception("on_input_frame handler failed")
+        except MediaStreamError:
+            return
+
+    def _attach_channel(self, channel: RTCDataChannel) -> None:
+        if self.channel is None or self.channel.readyState in ("closing", "closed"):
+            self.channel = channel
+
+        @channel.on("message")
+        def _on_message(message: str | bytes) -> None:
+            size = len(message.encode() if isinstance(message, str) else message)
+            if size > MAX_DATACHANNEL_MESSAGE:
+                self.messages_dropped += 1
+                self._report_error(
+                    "message_too_large",
+                    f"data channel message of {size} bytes exceeds {MAX_DATACHANNEL_MESSAGE}",
+                )
+                return
+            try:
+                self._inbox.put_nowait(message)
+            except asyncio.QueueFull:
+                self.messages_dropped += 1
+                self._report_error(
+                    "backlog_full", "too many unprocessed data channel messages; message dropped"
+                )
+
+        @channel.on("open")
+        def _on_open() -> None:
+            self._flush_outbox()
+
+        if channel.readyState == "open":
+            self._flush_outbox()
+        if not any(t.get_name() == "webrtc-dc-dispatch" for t in self._tasks):
+            self._spawn(self._dispatch(), "webrtc-dc-dispatch")
+
+    def _flush_outbox(self) -> None:
+        while self._outbox and self.channel is not None and self.channel.readyState == "open":
+            self.channel.send(self._outbox.popleft())
+            self.events_sent += 1
+
+    def _report_error(self, code: str, message: str) -> None:
+        log.warning("webrtc data channel: %s", message)
+        if self.on_datachannel_error is not None:
+            try:
+                self.on_datachannel_error(code, message)
+            except Exception:
+                log.exception("on_datachannel_error handler failed")
+
+    async def _dispatch(self) -> None:
+        # One consumer, so the facade sees client events in order even when its handler awaits.
+        while True:
+            message = await self._inbox.get()
+            self.messages_in += 1
+            handler = self.on_datachannel_message
+            if handler is None:
+                self.messages_dropped += 1
+                continue
+            try:
+                await _call(handler, message)
+            except Exception:
+                log.exception("on_datachannel_message handler failed")
+
+    async def _on_state(self) -> None:
+        state = self.pc.connectionState
+        self.connection_state = state
+        try:
+            await _call(self.on_connection_state, state)
+        except Exception:
+            log.exception("on_connection_state handler failed")
+        if state in ("failed", "closed") and not self.closed:
+            await self.close()
+
+
+async def answer_offer(
+    offer_sdp: str,
+    session: SessionLike,
+    *,
+    ice_servers: Sequence[RTCIceServer | str] = (),
+    loopback_only: bool | None = None,
+    jitter_prefetch: int = DEFAULT_JITTER_PREFETCH,
+    max_input_backlog: int = DEFAULT_MAX_INPUT_BACKLOG,
+    opus: OpusMode = "aiortc",
+    on_datachannel_message: MessageHandler | None = None,
+    on_connection_state: StateHandler | None = None,
+    on_output_frame: FrameHandler | None = None,
+    on_input_frame: InputHandler | None = None,
+    on_datachannel_error: ErrorHandler | None = None,
+) -> WebRTCPeer:
+    """Answer a client's offer for ``session``; returns the peer (``peer.answer_sdp`` is the answer).
+
+    ``ice_servers`` defaults to none at all (host candidates only). ``loopback_only`` (default: whether
+    :func:`enable_loopback_ice` was called) keeps only UDP 127.0.0.1 candidates of the offer and, when True,
+    enables loopback ICE. Raises :class:`SdpError` for an oversized or unusable offer.
+    """
+    if len(offer_sdp.encode()) > MAX_OFFER_BYTES:
+        raise SdpError(f"SDP offer is larger than {MAX_OFFER_BYTES} bytes")
+    if "m=audio" not in offer_sdp:
+        raise SdpError("the SDP offer has no audio section")
+    if loopback_only is None:
+        loopback_only = loopback_ice_enabled()
+    elif loopback_only:
+        enable_loopback_ice()
+    sdp = sanitize_offer_sdp(offer_sdp, loopback_only=loopback_only)
+
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=_ice_servers(ice_servers)))
+    peer = WebRTCPeer(
+        pc,
+        session,
+        max_input_backlog=max_input_backlog,
+        on_datachannel_message=on_datachannel_message,
+        on_connection_state=on_connection_state,
+        on_output_frame=on_output_frame,
+        on_input_frame=on_input_frame,
+        on_datachannel_error=on_datachannel_error,
+    )
+
+    @pc.on("datachannel")
+    def _on_datachannel(channel: RTCDataChannel) -> None:
+        peer._attach_channel(channel)
+
+    @pc.on("connectionstatechange")
+    async def _on_state() -> None:
+        await peer._on_state()
+
+    try:
+        try:
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        except Exception as e:  # aiortc raises ValueError/OperationError/InternalError for bad offers
+            raise SdpError(f"cannot apply the SDP offer: {e}") from e
+        audio = [t for t in pc.getTransceivers() if t.kind == "audio"]
+        if not audio:
+            raise SdpError("the SDP offer has no audio section")
+        transceiver = audio[0]
+        install_jitter_buffer(transceiver.receiver, jitter_prefetch)
+        peer.codec = _negotiated_mime(transceiver)
+        rate = _output_rate_for(peer.codec)
+        peer.player = EgressPlayer(session, rate=rate)
+        # The client's direction as seen from here: "sendrecv"/"sendonly" means it wants to hear us.
+        if getattr(transceiver, "_offerDirection", "sendrecv") in ("sendrecv", "sendonly"):
+            peer.track = EgressTrack(peer.player, on_frame=on_output_frame, opus=opus)
+            pc.addTrack(peer.track)
+        if transceiver.receiver.track is not None and getattr(transceiver, "_offerDirection", "") in (
+            "sendrecv",
+            "recvonly",
+        ):
+            peer._start_input(transceiver.receiver.track)
+        answer = await pc.createAnswer()
+        await pc.setLocalDescription(answer)
+        peer.answer_sdp = pc.localDescription.sdp
+    except BaseException:
+        await peer.close()
+        raise
+    return peer
+
+
+# --- the caller side (tests, benchmarks, self-checks) ----------------------------------------------------------
+
+
+class _SourceTrack(MediaStreamTrack):
+    """Sends a mono 48 kHz int16 clip (looped, or once then silence) in 20 ms frames on a pacer; as pre-encoded
+    Opus packets when the link is Opus (cheap for many callers in one process), else as PCM frames."""
+
+    kind = "audio"
+
+    def __init__(self, audio: np.ndarray, *, loop: bool, codec: Callable[[], str]) -> None:
+        super().__init__()
+        n = -(-audio.shape[0] // OPUS_FRAME_SAMPLES) * OPUS_FRAME_SAMPLES
+        self._audio = np.zeros(n, dtype=np.int16)
+        self._audio[: audio.shape[0]] = audio
+        self._frames = n // OPUS_FRAME_SAMPLES
+        self._loop = loop
+        self._codec = codec
+        self._packets: list[bytes] | None = None
+        self._silence_packet = b""
+        self._pacer = Pacer()
+        self._time_base = fractions.Fraction(1, OPUS_RATE)
+        self.sent = 0
+        #: Monotonic time at which each frame index was handed to aiortc (bounded).
+        self.sent_at: collections.deque[tuple[int, float]] = collections.deque(maxlen=4096)
+
+    def _frame_index(self) -> int | None:
+        if self.sent < self._frames:
+            return self.sent
+        return self.sent % self._frames if self._loop else None
+
+    async def recv(self) -> AudioFrame | Packet:  # type: ignore[override]
+        if self.readyState != "live":
+            raise MediaStreamError
+        await self._pacer.tick()
+        i = self._frame_index()
+        pts = self.sent * OPUS_FRAME_SAMPLES
+        self.sent_at.append((self.sent, time.monotonic()))
+        self.sent += 1
+        if self._codec() == "audio/opus":
+            if self._packets is None:
+                enc = OpusEncoder()
+                self._packets = enc.encode(self._audio)
+                self._silence_packet = enc.encode(np.zeros(OPUS_FRAME_SAMPLES, np.int16))[0]
+            data = self._packets[i] if i is not None else self._silence_packet
+            pkt = Packet(data)
+            pkt.pts = pts
+            pkt.time_base = self._time_base
+            return pkt
+        pcm = (
+            self._audio[i * OPUS_FRAME_SAMPLES : (i + 1) * OPUS_FRAME_SAMPLES]
+            if i is not None
+            else np.zeros(OPUS_FRAME_SAMPLES, np.int16)
+        )
+        frame = AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = OPUS_RATE
+        frame.pts = pts
+        frame.time_base = self._time_base
+        return frame
+
+
+class WebRTCCaller:
+    """An aiortc client: offers audio (sendrecv) and a data channel, sends ``audio`` (48 kHz mono int16), and
+    records the audio that comes back (mono, at the frame rate, bounded to ``record_seconds``) with arrival times.
+
+    ``codecs`` restricts the offer (e.g. ``["audio/PCMU"]``) to exercise a G.711 answer.
+    """
+
+    def __init__(
+        self,
+        audio: np.ndarray | None = None,
+        *,
+        loop: bool = True,
+        datachannel: str | None = "oai-events",
+        ice_servers: Sequence[RTCIceServer | str] = (),
+        codecs: Sequence[str] | None = None,
+        jitter_prefetch: int = DEFAULT_JITTER_PREFETCH,
+        record_seconds: float = 30.0,
+        record_audio: bool = True,
+    ) -> None:
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=_ice_servers(ice_servers)))
+        src = audio if audio is not None else np.zeros(OPUS_FRAME_SAMPLES, np.int16)
+        self.transceiver = self.pc.addTransceiver("audio", direction="sendrecv")
+        if codecs is not None:
+            wanted = {c.lower() for c in codecs}
+            caps = RTCRtpSender.getCapabilities("audio").codecs
+            self.transceiver.setCodecPreferences([c for c in caps if c.mimeType.lower() in wanted])
+        install_jitter_buffer(self.transceiver.receiver, jitter_prefetch)
+        self.source = _SourceTrack(src, loop=loop, codec=lambda: _negotiated_mime(self.transceiver))
+        self.transceiver.sender.replaceTrack(self.source)
+        self.channel = self.pc.createDataChannel(datachannel) if datachannel else None
+        self.messages: collections.deque[str | bytes] = collections.deque(maxlen=1024)
+        self.opened = asyncio.Event()
+        self.connected = asyncio.Event()
+        self._record_max = int(record_seconds * 50)
+        self.record_audio = record_audio
+        self.chunks: collections.deque[np.ndarray] = collections.deque(maxlen=self._record_max)
+        self.arrivals: collections.deque[float] = collections.deque(maxlen=self._record_max)
+        self.levels: collections.deque[float] = collections.deque(maxlen=self._record_max)
+        self.rate = 0
+        self._task: asyncio.Task[None] | None = None
+
+        if self.channel is not None:
+            ch = self.channel
+
+            @ch.on("open")
+            def _open() -> None:
+                self.opened.set()
+
+            @ch.on("message")
+            def _message(m: str | bytes) -> None:
+                self.messages.append(m)
+
+        @self.pc.on("connectionstatechange")
+        def _state() -> None:
+            if self.pc.connectionState == "connected":
+                self.connected.set()
+
+        @self.pc.on("track")
+        def _track(track: MediaStreamTrack) -> None:
+            if track.kind == "audio" and self._task is None:
+                self._task = asyncio.ensure_future(self._receive(track))
+
+    async def offer(self) -> str:
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        return self.pc.localDescription.sdp
+
+    async def accept(self, answer_sdp: str) -> None:
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer_sdp, type="answer"))
+
+    def send(self, text: str) -> None:
+        if self.channel is None:
+            raise RuntimeError("this caller has no data channel")
+        self.channel.send(text)
+
+    async def _receive(self, track: MediaStreamTrack) -> None:
+        try:
+            while True:
+                frame = await track.recv()
+                now = time.monotonic()
+                pcm = frame_to_mono_pcm16(frame)
+                self.rate = frame.sample_rate
+                self.arrivals.append(now)
+                self.levels.append(rms_dbfs(pcm))
+                if self.record_audio:
+                    self.chunks.append(pcm.copy())
+        except MediaStreamError:
+            return
+
+    def received_audio(self) -> np.ndarray:
+        return np.concatenate(list(self.chunks)) if self.chunks else np.zeros(0, np.int16)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        await self.pc.close()

@@ -1,0 +1,183 @@
+"""The agent workers (agents/room_agent.py, agents/sip_agent.py) without a LiveKit server: their load function
+against a real engine, and a job simulated by LiveKit's own ``AgentServer.simulate_job`` on an unregistered
+server, running the real agent code on the real plugin and engine (loopback echo *test fixture*, no models).
+
+What cannot run here is the LiveKit server (and so the room): the simulated job is LiveKit's fake job, and the
+room's audio is replaced by the in-memory microphone and speaker of tests/plugin_harness.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import threading
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from livekit import rtc
+from livekit.agents import AgentServer, JobContext, JobExecutorType, llm
+
+from agents import room_agent, sip_agent
+from engine_bridge.client import EngineClient
+from livekit_omni import EngineOccupancy, OmniDuplexModel
+from livekit_omni.plugin.worker import AgentSettings, SessionIO
+from tests.conftest import EngineProcess, connect_engine, free_port, spawn_engine
+from tests.plugin_harness import Mic, Speaker
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[EngineProcess]:
+    eng = spawn_engine(adapter="loopback", max_sessions=2)
+    yield eng
+    eng.stop()
+
+
+@pytest.fixture
+async def client(engine: EngineProcess) -> AsyncIterator[EngineClient]:
+    c = await connect_engine(engine)
+    yield c
+    await c.close()
+
+
+async def test_load_function_reports_engine_occupancy(engine: EngineProcess, client: EngineClient) -> None:
+    load = EngineOccupancy(engine_address=engine.address)
+    try:
+        assert await load.aload() == 0.0
+        model = OmniDuplexModel(engine_address=engine.address)
+        sessions = [model.session() for _ in range(2)]
+        for i, s in enumerate(sessions):
+            await s._update_session(instructions="", chat_ctx=llm.ChatContext.empty(), tools=[])
+            assert await asyncio.wait_for(s.wait_ready(), 10)
+            # One session open on a two-session engine is half its capacity, whatever the worker's CPU.
+            assert await load.aload() == [0.5, 1.0][i]
+        await model.aclose()
+        assert await load.aload() == 0.0
+    finally:
+        load.close()
+    # An engine that cannot be reached must not be offered calls.
+    gone = EngineOccupancy(engine_address="unix:/nonexistent/engine.sock", timeout_s=0.5)
+    assert gone.load() == 1.0
+    gone.close()
+
+
+# --- simulated jobs -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class JobAudio:
+    """What a simulated job heard and played, readable from the test's thread."""
+
+    rate: int
+    mics: list[Mic] = field(default_factory=list)
+    speakers: list[Speaker] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def loud_seconds(self) -> float:
+        with self.lock:
+            return sum(s.loud_seconds() for s in self.speakers)
+
+
+JOB_AUDIO: dict[str, JobAudio] = {}
+
+
+def job_io(ctx: JobContext, *, key: str) -> SessionIO:
+    """Runs inside the job (its own thread and loop): caller audio is a 1 s tone at the job's rate."""
+    audio = JOB_AUDIO[key]
+    mic, speaker = Mic(audio.rate), Speaker()
+    t = np.arange(audio.rate) / audio.rate
+    mic.say((0.3 * np.sin(2 * np.pi * 300 * t) * 32767).astype(np.int16))
+    with audio.lock:
+        audio.mics.append(mic)
+        audio.speakers.append(speaker)
+    return mic, speaker
+
+
+def worker_status(server: AgentServer) -> dict[str, object]:
+    # An explicit port: with 0 the IPv4 and IPv6 listeners get different ports and LiveKit reports one of them.
+    url = f"http://127.0.0.1:{server.worker_info.http_port}/worker"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+async def run_simulated_job(server: AgentServer, audio: JobAudio, client: EngineClient) -> None:
+    started = asyncio.Event()
+    server.on("worker_started", lambda: started.set())
+    run = asyncio.create_task(server.run(devmode=True, unregistered=True))
+    try:
+        await asyncio.wait_for(started.wait(), 30)
+        await server.simulate_job("test-room", fake_job=True, agent_identity="omni-agent")
+        deadline = time.monotonic() + 30
+        while audio.loud_seconds() < 0.8:
+            assert time.monotonic() < deadline, "the job's agent never played the engine's audio"
+            assert not run.done(), run
+            await asyncio.sleep(0.1)
+        # The worker's own status (what it reports to LiveKit) carries the engine occupancy: 1 of 2 sessions.
+        deadline = time.monotonic() + 10
+        while (status := await asyncio.to_thread(worker_status, server)).get("worker_load") != 0.5:
+            assert time.monotonic() < deadline, status
+            await asyncio.sleep(0.25)
+        assert status["active_jobs"] == 1
+        assert (await client.ping())["active_sessions"] == 1
+    finally:
+        await server.aclose()
+        await asyncio.wait_for(run, 30)
+    # Shutting the job down closed its session (and the model): the engine slot is free again.
+    deadline = time.monotonic() + 10
+    while (await client.ping())["active_sessions"] != 0:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+
+
+async def test_simulated_job_runs_the_room_agent_offline(
+    engine: EngineProcess, client: EngineClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LIVEKIT_OMNI_ENGINE_ADDRESS", engine.address)
+    monkeypatch.delenv("LIVEKIT_OMNI_BASE_URL", raising=False)
+    JOB_AUDIO["room"] = audio = JobAudio(rate=48_000)
+    server = room_agent.build_server(
+        session_io=functools.partial(job_io, key="room"),
+        job_executor_type=JobExecutorType.THREAD,
+        port=free_port(),
+    )
+    assert isinstance(server.load_fnc, EngineOccupancy) and server.load_fnc.engine_address == engine.address
+    await run_simulated_job(server, audio, client)
+    assert audio.mics and audio.mics[0].frames > 50
+
+
+async def test_simulated_sip_call_at_8khz_and_dtmf_logging(
+    engine: EngineProcess,
+    client: EngineClient,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("LIVEKIT_OMNI_ENGINE_ADDRESS", engine.address)
+    monkeypatch.delenv("LIVEKIT_OMNI_BASE_URL", raising=False)
+    # No greeting: the echo engine would answer it with silence, and the test listens for the caller's echo.
+    monkeypatch.setenv("LIVEKIT_OMNI_AGENT_GREETING", "")
+    monkeypatch.delenv("LIVEKIT_OMNI_AGENT_NAME", raising=False)
+    JOB_AUDIO["sip"] = audio = JobAudio(rate=8_000)
+    server = sip_agent.build_server(
+        session_io=functools.partial(job_io, key="sip"),
+        job_executor_type=JobExecutorType.THREAD,
+        port=free_port(),
+    )
+    # Phone calls are dispatched explicitly (by the SIP dispatch rule), by this name.
+    assert AgentSettings.from_env(sip_agent.DEFAULTS).agent_name == "omni-sip"
+    await run_simulated_job(server, audio, client)
+    # Narrowband in, the engine's 24 kHz out: the 300 Hz tone came back at its pitch.
+    with audio.lock:
+        played = np.concatenate(
+            [np.frombuffer(f.data, np.int16) for _, f in audio.speakers[0].frames]
+        ).astype(np.float64)
+    spectrum = np.abs(np.fft.rfft(played))
+    assert abs(np.fft.rfftfreq(played.shape[0], 1 / 24_000)[spectrum.argmax()] - 300) < 5
+
+    with caplog.at_level(logging.INFO, logger="livekit_omni.agents.sip"):
+        sip_agent.log_dtmf("call-room", rtc.SipDTMF(code=5, digit="5", participant=None))
+    assert "DTMF '5' (code 5) from unknown in call-room" in caplog.text

@@ -1,0 +1,194 @@
+"""Unit tests of the Live facade's wire module: command decoding, error classification, config resolution, events.
+
+No server: these pin the translation rules that the integration tests (test_live_ws.py etc.) exercise end to end.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import msgspec
+import pytest
+from openai.types.live import SessionStartedEvent
+
+from livekit_omni.live import wire
+
+
+def decode_error(raw: str) -> wire.WireError:
+    with pytest.raises(wire.WireError) as e:
+        wire.decode_command(raw)
+    return e.value
+
+
+def test_known_commands_decode_and_unknown_fields_are_ignored() -> None:
+    cmd = wire.decode_command(
+        json.dumps(
+            {
+                "type": "session.start",
+                "event_id": "e1",
+                "extra": 1,
+                "session": {"model": "m", "unknown": {"x": 1}, "audio": {"format": {"type": "audio/pcmu"}}},
+            }
+        )
+    )
+    assert isinstance(cmd, wire.SessionStart) and cmd.event_id == "e1" and cmd.session.model == "m"
+    cmd = wire.decode_command('{"type":"session.commentary.append","content":"hi","delegation_id":null}')
+    assert isinstance(cmd, wire.CommentaryAppend) and cmd.delegation_id is None
+    assert isinstance(wire.decode_command('{"type":"session.close"}'), wire.SessionClose)
+
+
+@pytest.mark.parametrize(
+    ("raw", "code", "param"),
+    [
+        ("{oops", "invalid_json", None),
+        ("[1]", "invalid_json", None),
+        ('"text"', "invalid_json", None),
+        ('{"event_id":"x"}', "invalid_event", "type"),
+        ('{"type":5}', "invalid_event", "type"),
+        ('{"type":"nope","event_id":"z"}', "unknown_event", "type"),
+        ('{"type":"decision.create","event_id":"d"}', "unsupported_event", "type"),
+        ('{"type":"session.thinking.append","content":"x"}', "missing_required_parameter", "delegation_id"),
+        ('{"type":"session.thinking.append","content":1,"delegation_id":null}', "invalid_value", "content"),
+        (
+            '{"type":"session.start","session":{"model":"m","audio":{"format":{"type":"audio/pcm","rate":"x"}}}}',
+            "invalid_value",
+            "session.audio.format.rate",
+        ),
+    ],
+)
+def test_decode_errors_name_the_problem(raw: str, code: str, param: str | None) -> None:
+    e = decode_error(raw)
+    assert (e.code, e.param) == (code, param), e.message
+    assert e.type == "invalid_request_error"
+
+
+def test_client_event_id_is_kept_for_errors() -> None:
+    assert decode_error('{"type":"nope","event_id":"abc"}').client_event_id == "abc"
+    assert decode_error('{"type":"nope","event_id":7}').client_event_id is None
+
+
+@pytest.mark.parametrize(
+    ("fmt", "expected"),
+    [
+        (None, wire.WireFormat("pcm16", 24000)),
+        ({"type": "audio/pcm", "rate": 16000}, wire.WireFormat("pcm16", 16000)),
+        ({"type": "audio/pcm", "rate": 24000}, wire.WireFormat("pcm16", 24000)),
+        ({"type": "audio/pcmu", "rate": 8000}, wire.WireFormat("pcmu", 8000)),
+        ({"type": "audio/pcma"}, wire.WireFormat("pcma", 8000)),
+    ],
+)
+def test_audio_formats(fmt: dict | None, expected: wire.WireFormat) -> None:
+    parsed = None if fmt is None else msgspec.convert(fmt, wire.AudioFormat)
+    assert wire.parse_format(parsed) == expected
+
+
+@pytest.mark.parametrize(
+    "fmt",
+    [{"type": "audio/pcm", "rate": 48000}, {"type": "audio/pcmu", "rate": 16000}, {"type": "audio/opus"}],
+)
+def test_unsupported_audio_formats(fmt: dict) -> None:
+    with pytest.raises(wire.WireError) as e:
+        wire.parse_format(msgspec.convert(fmt, wire.AudioFormat))
+    assert e.value.code == "invalid_audio_format"
+
+
+def test_decode_audio_checks_base64_and_whole_samples() -> None:
+    pcm = wire.WireFormat("pcm16", 24000)
+    assert wire.decode_audio(base64.b64encode(b"\x01\x02").decode(), pcm) == b"\x01\x02"
+    with pytest.raises(wire.WireError, match="base64"):
+        wire.decode_audio("###", pcm)
+    with pytest.raises(wire.WireError, match="16-bit"):
+        wire.decode_audio(base64.b64encode(b"\x01\x02\x03").decode(), pcm)
+    # G.711 has one byte per sample: any length is whole.
+    assert wire.decode_audio(base64.b64encode(b"\x01\x02\x03").decode(), wire.WireFormat("pcmu", 8000))
+
+
+def start_config(**session: object) -> wire.StartConfig:
+    return msgspec.convert({"model": "m", **session}, wire.StartConfig)
+
+
+def test_resolve_config_defaults_and_resource_validate_against_the_sdk() -> None:
+    cfg = wire.resolve_config(
+        start_config(
+            input=[
+                {"role": "user", "content": [{"text": "hi"}]},
+                {"type": "message", "role": "assistant", "content": [{"type": "text", "text": "hello"}]},
+            ],
+            audio={"output": {"voice": {"id": "voice_1", "extra": 2}}},
+            store=True,
+        )
+    )
+    assert cfg.history == [("user", "hi"), ("assistant", "hello")]
+    assert cfg.delegation == {"type": "client", "acknowledgement_delay_ms": 0}
+    assert cfg.store is False and cfg.store_requested is True
+    res = wire.session_resource(cfg, session_id="live_x", expires_at=123)
+    ev = wire.event("session.started", "c", session=res)
+    SessionStartedEvent.model_validate(json.loads(wire.encode(ev)), strict=True)
+    assert res["audio"]["output"]["voice"] == {"id": "voice_1"}
+    assert res["input"][0]["content"][0]["type"] == "input_text"
+
+
+@pytest.mark.parametrize(
+    ("session", "code", "param"),
+    [
+        ({"delegation": {"type": "responses"}}, "unsupported_delegation", "session.delegation.type"),
+        ({"delegation": {"type": "decisions"}}, "unsupported_delegation", "session.delegation.type"),
+        ({"delegation": {"type": "robots"}}, "invalid_value", "session.delegation.type"),
+        ({"triggers": [{"type": "decisions"}]}, "unsupported_triggers", "session.triggers"),
+        (
+            {"input": [{"role": "system", "content": [{"text": "x"}]}]},
+            "invalid_value",
+            "session.input[0].role",
+        ),
+        ({"input": [{"role": "user", "content": []}]}, "invalid_value", "session.input[0].content"),
+        ({"input": [{"role": "user", "content": [{"text": "x"}]}] * 129}, "too_many_items", "session.input"),
+        (
+            {"input": [{"role": "user", "content": [{"text": "x" * 40_000}]}]},
+            "input_too_large",
+            "session.input",
+        ),
+        ({"model": " "}, "invalid_value", "session.model"),
+    ],
+)
+def test_resolve_config_refusals(session: dict, code: str, param: str) -> None:
+    with pytest.raises(wire.WireError) as e:
+        wire.resolve_config(start_config(**session))
+    assert (e.value.code, e.value.param) == (code, param)
+    if code == "unsupported_delegation":
+        assert "client" in e.value.message
+
+
+def test_update_rules() -> None:
+    current = {"type": "client", "acknowledgement_delay_ms": 100}
+
+    def update(**session: object) -> dict | None:
+        return wire.check_update(msgspec.convert(session, wire.UpdateConfig), current)
+
+    assert update() is None
+    assert update(triggers=[]) is None
+    assert update(delegation=None) == current
+    assert update(delegation={"type": "client"}) == current  # omitted settings keep their values
+    assert (
+        update(delegation={"type": "client", "acknowledgement_delay_ms": 5})["acknowledgement_delay_ms"] == 5
+    )
+    for field in ("model", "instructions", "input", "audio", "client", "store", "safety_identifier"):
+        with pytest.raises(wire.WireError) as e:
+            update(**{field: None})
+        assert (e.value.code, e.value.param) == ("immutable_field", f"session.{field}")
+
+
+def test_events_have_unique_ids_and_echo_client_ids() -> None:
+    a, b = wire.event("session.input_audio.muted", "c1"), wire.event("session.input_audio.muted")
+    assert a["event_id"] != b["event_id"] and a["client_event_id"] == "c1" and "client_event_id" not in b
+    err = wire.error_event("x", "y", param="p", client_event_id="c")
+    assert err["error"] == {
+        "type": "invalid_request_error",
+        "code": "x",
+        "message": "y",
+        "param": "p",
+        "client_event_id": "c",
+    }
+    assert err["client_event_id"] == "c"
+    raw = wire.audio_delta_bytes(b"\x00\x01")
+    assert json.loads(raw) == {"type": "session.output_audio.delta", "delta": "AAE="}

@@ -1,0 +1,280 @@
+"""media.egress and media.pacer: the 20 ms output clock, silence, epoch flush, transcripts and playout."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from engine_bridge import protocol as p
+from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE
+from engine_bridge.ring import RingPair
+from media.codecs import ALAW_ENCODE, ULAW_ENCODE, AudioEncoding
+from media.egress import TRANSCRIPT_QUEUE_LIMIT, EgressPlayer
+from media.pacer import Pacer
+
+F24 = 480  # one 20 ms frame at 24 kHz
+
+
+@dataclass
+class FakeSession:
+    rings: RingPair
+    closed: bool = False
+
+
+@pytest.fixture
+def session() -> Iterator[FakeSession]:
+    rings = RingPair.create(input_rate=ENGINE_INPUT_RATE, output_rate=ENGINE_OUTPUT_RATE, egress_seconds=4.0)
+    s = FakeSession(rings)
+    yield s
+    if not s.closed:
+        rings.close()
+
+
+def _tx(turn: int, epoch: int, start: int, end: int, text: str = "x") -> p.OutputTranscript:
+    return p.OutputTranscript(
+        session_id="s", turn_id=turn, epoch=epoch, text=text, start_sample=start, end_sample=end
+    )
+
+
+@pytest.mark.parametrize(
+    ("rate", "encoding", "size", "zero"),
+    [
+        (48000, "pcm16", 1920, 0),
+        (24000, "pcm16", 960, 0),
+        (16000, "pcm16", 640, 0),
+        (8000, "pcm16", 320, 0),
+        (8000, "pcmu", 160, int(ULAW_ENCODE[0])),
+        (8000, "pcma", 160, int(ALAW_ENCODE[0])),
+    ],
+)
+def test_silence_is_digital_zero_in_every_format(
+    session: FakeSession, rate: int, encoding: str, size: int, zero: int
+) -> None:
+    player = EgressPlayer(session, rate=rate, encoding=encoding)
+    for i in range(5):
+        f = player.next_frame()
+        assert f.index == i and f.start_ms == 20 * i
+        assert f.payload.nbytes == size
+        assert (f.payload == zero).all()
+        assert not f.speaking and f.model_samples == 0 and f.transcripts == ()
+    assert player.timeline_ms == 100 and not player.speaking
+
+
+def test_chunks_of_any_size_play_bit_exact_at_24k(session: FakeSession) -> None:
+    eg = session.rings.egress
+    x = (np.random.default_rng(0).standard_normal(2033) * 5000).astype(np.int16)
+    for seq, (a, b) in enumerate([(0, 700), (700, 1033), (1033, 2033)]):
+        assert eg.write_chunk(0, 1, seq, x[a:b])
+    player = EgressPlayer(session, rate=24000)
+    frames, pcm = [], []
+    for _ in range(6):
+        frames.append(player.next_frame())
+        pcm.append(frames[-1].pcm.copy())  # a frame's buffer is reused two frames later
+    out = np.concatenate(pcm)
+    assert np.array_equal(out[:2033], x) and not out[2033:].any()
+    assert [f.model_samples for f in frames] == [480, 480, 480, 480, 113, 0]
+    assert [f.speaking for f in frames] == [True] * 5 + [False]
+    assert player.underruns == 1 and player.model_frames == 5
+    assert eg.playout() == (0, 1, 2033)
+
+
+def test_48k_output_carries_the_tone(session: FakeSession) -> None:
+    t = np.arange(24000) / 24000
+    eg = session.rings.egress
+    tone = (8000 * np.sin(2 * np.pi * 1000 * t)).astype(np.int16)
+    for i in range(0, 24000, 2400):
+        eg.write_chunk(0, 1, i, tone[i : i + 2400])
+    player = EgressPlayer(session, rate=48000)
+    out = np.concatenate([player.next_frame().pcm.copy() for _ in range(50)])
+    assert out.shape == (48000,)
+    spec = np.abs(np.fft.rfft(out[4800:].astype(float)))
+    assert abs(np.fft.rfftfreq(len(out) - 4800, 1 / 48000)[spec.argmax()] - 1000) < 3
+    assert 7600 < np.abs(out[4800:]).max() < 8400
+
+
+@pytest.mark.parametrize("rate", [24000, 48000, 8000])
+def test_epoch_bump_stops_stale_audio_within_one_frame(session: FakeSession, rate: int) -> None:
+    eg = session.rings.egress
+    stale, fresh = 7777, 1234
+    eg.write_chunk(0, 1, 0, np.full(24000, stale, np.int16))  # a 1 s chunk: most of it stays held locally
+    eg.write_chunk(0, 1, 1, np.full(4800, stale, np.int16))  # and more queued in the ring
+    player = EgressPlayer(session, rate=rate)
+    for _ in range(3):
+        assert player.next_frame().speaking
+    eg.bump_epoch()  # barge-in: the engine bumps the epoch word first ...
+    f = player.next_frame()  # ... and the very next frame is clean
+    assert not f.speaking and not f.pcm.any()
+    eg.write_chunk(1, 2, 0, np.full(4800, fresh, np.int16))
+    peak = 0
+    for _ in range(10):
+        fr = player.next_frame()
+        assert fr.epoch == 1 and fr.turn_id == 2
+        peak = max(peak, int(np.abs(fr.pcm).max()))
+    assert peak < 1500  # only the new audio (a filter may overshoot a step by a few %), never 7777
+    assert player.stale_chunks_dropped == 1
+    assert eg.stale_dropped == 1
+    assert eg.playout() == (1, 2, 4800)
+
+
+def test_epoch_bump_with_new_audio_already_queued(session: FakeSession) -> None:
+    eg = session.rings.egress
+    eg.write_chunk(0, 1, 0, np.full(4800, 500, np.int16))
+    player = EgressPlayer(session, rate=24000)
+    player.next_frame()
+    eg.bump_epoch()
+    eg.write_chunk(1, 2, 0, np.full(960, 42, np.int16))
+    f = player.next_frame()
+    assert (f.pcm == 42).all() and f.epoch == 1
+
+
+def test_transcripts_are_released_when_their_audio_plays(session: FakeSession) -> None:
+    eg = session.rings.egress
+    player = EgressPlayer(session, rate=48000)
+    for _ in range(5):  # 100 ms of silence first: the turn starts at 100 ms on the output timeline
+        player.next_frame()
+    player.add_transcript(_tx(1, 0, 0, 2400, "Hello"))
+    player.add_transcript(_tx(1, 0, 4800, 9600, " world"))
+    player.add_transcript(_tx(7, 0, 0, 100, "future turn"))
+    assert player.next_frame().transcripts == ()  # no audio yet: nothing is due
+    eg.write_chunk(0, 1, 0, np.full(12000, 100, np.int16))
+    released: dict[int, tuple] = {}
+    for _ in range(25):
+        f = player.next_frame()
+        if f.transcripts:
+            released[f.index] = f.transcripts
+    assert sorted(released) == [6, 16]
+    (hello,) = released[6]
+    assert (hello.text, hello.start_ms, hello.end_ms) == ("Hello", 120, 220)
+    (world,) = released[16]
+    assert (world.text, world.start_ms, world.end_ms) == (" world", 320, 520)
+    assert player.stats()["transcripts_pending"] == 1  # turn 7 has not played
+
+
+def test_stale_transcripts_are_dropped(session: FakeSession) -> None:
+    eg = session.rings.egress
+    player = EgressPlayer(session, rate=24000)
+    eg.write_chunk(0, 1, 0, np.full(960, 1, np.int16))
+    player.add_transcript(_tx(1, 0, 2000, 3000, "never heard"))
+    player.next_frame()
+    eg.bump_epoch()
+    assert player.next_frame().transcripts == ()
+    player.add_transcript(_tx(1, 0, 0, 10, "late and stale"))
+    eg.write_chunk(1, 2, 0, np.full(960, 1, np.int16))
+    player.add_transcript(_tx(2, 1, 0, 480, "fresh"))
+    f = player.next_frame()
+    assert [t.text for t in f.transcripts] == ["fresh"]
+    assert player.transcripts_stale == 2
+
+
+def test_turn_change_inside_a_frame(session: FakeSession) -> None:
+    eg = session.rings.egress
+    player = EgressPlayer(session, rate=24000)
+    eg.write_chunk(0, 1, 0, np.full(300, 1, np.int16))
+    eg.write_chunk(0, 2, 0, np.full(1000, 2, np.int16))
+    player.add_transcript(_tx(1, 0, 250, 300, "end of one"))
+    player.add_transcript(_tx(1, 0, 5000, 6000, "text past its audio"))
+    player.add_transcript(_tx(2, 0, 0, 100, "two"))
+    f = player.next_frame()
+    assert f.pcm[:300].tolist() == [1] * 300 and f.pcm[300:].tolist() == [2] * 180
+    assert (f.epoch, f.turn_id) == (0, 2)
+    assert [t.text for t in f.transcripts] == ["end of one", "text past its audio", "two"]
+    assert f.transcripts[2].start_ms == 300 * 1000 // 24000
+    assert eg.playout() == (0, 2, 180)
+    player.next_frame()
+    assert eg.playout() == (0, 2, 660)
+
+
+def test_transcript_queue_is_bounded(session: FakeSession) -> None:
+    player = EgressPlayer(session)
+    for i in range(TRANSCRIPT_QUEUE_LIMIT + 44):
+        player.add_transcript(_tx(100 + i, 0, 0, 1))
+    assert player.transcripts_overflow == 44
+    assert player.stats()["transcripts_pending"] == TRANSCRIPT_QUEUE_LIMIT
+
+
+def test_closed_session_gives_silence_without_touching_the_rings(session: FakeSession) -> None:
+    eg = session.rings.egress
+    eg.write_chunk(0, 1, 0, np.full(4800, 3000, np.int16))
+    player = EgressPlayer(session, rate=48000, encoding=AudioEncoding.PCM16)
+    assert player.next_frame().speaking
+    session.closed = True
+    session.rings.close()  # unmapped: any access would now raise
+    for _ in range(3):
+        f = player.next_frame()
+        assert not f.speaking and not f.pcm.any()
+    player.close()
+    assert not player.next_frame().pcm.any()
+
+
+def test_output_buffers_stay_valid_for_one_more_frame(session: FakeSession) -> None:
+    eg = session.rings.egress
+    eg.write_chunk(0, 1, 0, np.arange(960, dtype=np.int16))
+    player = EgressPlayer(session, rate=24000)
+    a = player.next_frame()
+    b = player.next_frame()
+    assert a.pcm.tolist() == list(range(480)) and b.pcm.tolist() == list(range(480, 960))
+
+
+def test_bad_configurations() -> None:
+    rings = RingPair.create(input_rate=16000, output_rate=24000)
+    try:
+        s = FakeSession(rings)
+        with pytest.raises(ValueError):
+            EgressPlayer(s, rate=16000, encoding="pcmu")
+        with pytest.raises(ValueError):
+            EgressPlayer(s, rate=44100)
+    finally:
+        rings.close()
+
+
+# --- pacer ------------------------------------------------------------------------------------------------------
+
+
+async def test_pacer_keeps_an_absolute_grid() -> None:
+    pacer = Pacer(0.02)
+    t0 = time.monotonic()
+    deadlines = [await pacer.tick() for _ in range(26)]
+    elapsed = time.monotonic() - t0
+    assert deadlines == pytest.approx([deadlines[0] + 0.02 * k for k in range(26)], abs=1e-9)
+    assert 0.49 <= elapsed < 0.70  # 25 intervals, plus the last wake-up's latency on a loaded machine
+    assert pacer.skipped == 0
+
+
+async def test_pacer_catches_up_short_stalls_and_skips_long_ones() -> None:
+    now = [100.0]  # a controllable clock: "the loop was blocked" is the clock jumping
+    pacer = Pacer(0.02, max_catchup=5, clock=lambda: now[0])
+    assert await pacer.tick() == 100.0
+    now[0] = 100.065  # three ticks are due at once: they return back to back, on the grid
+    burst = [await pacer.tick() for _ in range(3)]
+    assert burst == pytest.approx([100.02, 100.04, 100.06], abs=1e-9)
+    assert pacer.late == 2 and pacer.skipped == 0
+    now[0] = 100.365  # fourteen ticks behind: not replayed as a burst
+    d = await pacer.tick()
+    assert pacer.skipped == 14
+    assert d == pytest.approx(100.36, abs=1e-9)  # still on the original grid
+    assert pacer.next_deadline == pytest.approx(100.38, abs=1e-9)
+    assert await pacer.tick() == pytest.approx(100.38, abs=1e-9)  # sleeps 15 ms of real time
+
+
+async def test_pacer_never_blocks_the_loop() -> None:
+    pacer = Pacer(0.02)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await pacer.tick()
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    beats = 0
+    for _ in range(20):
+        await asyncio.sleep(0.005)
+        beats += 1
+    task.cancel()
+    assert beats == 20 and ticks >= 3

