@@ -2,6 +2,9 @@
 
 * ``--use-fake-device-for-media-stream`` + ``--use-file-for-fake-audio-capture=<wav>%noloop``: the microphone is a
   WAV file, played once from getUserMedia on (then silence). Give it lead-in silence: it starts before ICE connects.
+  Every new capture (another getUserMedia) reads the file again from the start, so a test can rewrite the file and
+  have the page re-open the microphone to make the caller say something else at a moment it chooses (checked on
+  Chromium 156: a rewritten file's content, level and timing came out of the second capture).
 * ``--use-fake-ui-for-media-stream`` grants the microphone without a prompt (``grant_mic=False`` denies it instead,
   for the permission-denied path). Media permission is also what makes Chromium gather raw host candidates.
 * ``--allow-loopback-in-peer-connection``: without it Chromium never offers 127.0.0.1, and a loopback-only server

@@ -15,12 +15,26 @@ ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN: dict[str, list[str]] = {
     "engine_bridge": ["media", "livekit_omni", "livekit", "aiortc", "agents"],
     # The media plane uses the engine's ring/control primitives only, never its models.
-    "media": ["livekit_omni", "livekit", "agents", "torch", "transformers", "faster_whisper", "piper", "ctranslate2"],
+    "media": [
+        "livekit_omni",
+        "livekit",
+        "agents",
+        "torch",
+        "transformers",
+        "faster_whisper",
+        "piper",
+        "ctranslate2",
+    ],
     "livekit_omni": ["agents", "torch", "transformers", "faster_whisper", "piper", "ctranslate2"],
 }
 
 # Model code must not be reachable from the client-side primitives that media and livekit_omni import.
-CLIENT_SIDE = ["engine_bridge.ring", "engine_bridge.control", "engine_bridge.client", "engine_bridge.protocol"]
+CLIENT_SIDE = [
+    "engine_bridge.ring",
+    "engine_bridge.control",
+    "engine_bridge.client",
+    "engine_bridge.protocol",
+]
 
 
 def _modules_of(package: str) -> list[str]:
