@@ -30,7 +30,8 @@ DEFAULTS = AgentSettings(
         "You are a friendly voice assistant answering a phone call. Answer in one or two short sentences, and "
         "stop talking when the caller talks."
     ),
-    greeting="Greet the caller briefly and ask how you can help.",
+    # Said in the model's own words (a commentary for the engine), before the caller says anything.
+    greeting="Hello, thanks for calling. How can I help you today?",
 )
 
 

@@ -282,3 +282,45 @@ def final_before_stop(rec: Recorder) -> bool:
             pending = False
             seen_stop += 1
     return seen_stop > 0
+
+
+def chat(rec: Recorder) -> list[llm.ChatMessage]:
+    """The caller's and the agent's messages, in the order they were added."""
+    return [m for m in rec.messages() if m.role in ("user", "assistant")]
+
+
+def assistant_between(rec: Recorder, start: int) -> tuple[str, int]:
+    """The agent's words in the messages from index ``start`` of :func:`chat` up to the next caller message
+    (joined: one reply may arrive in several bursts), and that caller message's index (or the message count)."""
+    msgs = chat(rec)
+    text = ""
+    for i in range(start, len(msgs)):
+        if msgs[i].role == "user":
+            return text, i
+        text += msgs[i].text_content or ""
+    return text, len(msgs)
+
+
+async def ask_and_wait(
+    conv: Conversation,
+    text: str,
+    *,
+    expect: frozenset[str] = frozenset(),
+    settle_s: float,
+    timeout: float = 60,
+) -> str:
+    """Say ``text``; wait until the agent's reply to it holds words (all of ``expect``) and the agent has been
+    listening for ``settle_s``. Returns the reply."""
+    start = len(chat(conv.rec))
+
+    def reply() -> str:
+        msgs = chat(conv.rec)
+        user = next((i for i in range(start, len(msgs)) if msgs[i].role == "user"), None)
+        return "" if user is None else assistant_between(conv.rec, user + 1)[0]
+
+    await conv.say(text)
+    await conv.rec.wait_for(
+        lambda: bool(words(reply())) and expect <= set(words(reply())), timeout, f"the reply to {text!r}"
+    )
+    await conv.settle(quiet_s=settle_s)
+    return reply()

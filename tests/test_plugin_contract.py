@@ -73,7 +73,13 @@ def test_duplex_hook_signatures() -> None:
         assert not inspect.iscoroutinefunction(getattr(s, name)), name
     # Our overrides keep the same shapes (the adapter calls them by keyword).
     for cls in (OmniSession, ColocatedSession, RemoteSession):
-        for name in ("push_audio", "_update_instructions", "_append_items", "_update_tools", "_generate_reply"):
+        for name in (
+            "push_audio",
+            "_update_instructions",
+            "_append_items",
+            "_update_tools",
+            "_generate_reply",
+        ):
             assert params(getattr(cls, name)) == params(getattr(s, name)), (cls, name)
     # The base releases a waiting model on close and configures in this order.
     src = inspect.getsource(s._update_session)

@@ -48,7 +48,9 @@ async def configure(s: llm.DuplexSession, instructions: str = "") -> None:
     await s._update_session(instructions=instructions, chat_ctx=llm.ChatContext.empty(), tools=[])
 
 
-async def test_agent_session_hears_the_engine_in_real_time(engine: EngineProcess, client: EngineClient) -> None:
+async def test_agent_session_hears_the_engine_in_real_time(
+    engine: EngineProcess, client: EngineClient
+) -> None:
     model = OmniDuplexModel(engine_address=engine.address)
     session = AgentSession(llm=model, aec_warmup_duration=None)
     # 48 kHz stereo in: the plugin downmixes and the ingress writer resamples to the engine's 16 kHz.
@@ -86,7 +88,9 @@ async def test_agent_session_hears_the_engine_in_real_time(engine: EngineProcess
     assert (await client.ping())["active_sessions"] == 0
 
 
-async def test_push_audio_never_blocks_and_drops_the_oldest(engine: EngineProcess, client: EngineClient) -> None:
+async def test_push_audio_never_blocks_and_drops_the_oldest(
+    engine: EngineProcess, client: EngineClient
+) -> None:
     model = OmniDuplexModel(engine_address=engine.address, input_queue_frames=50)
     s = model.session()
     assert isinstance(s, ColocatedSession)

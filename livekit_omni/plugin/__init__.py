@@ -13,6 +13,9 @@ import threading
 
 from livekit.agents import Plugin
 
+# Both connections load here, with the package: LiveKit preloads registered plugin packages into its job
+# forkserver, so a job's first session does not pay for importing the media plane.
+from livekit_omni.plugin import colocated, remote  # noqa: F401
 from livekit_omni.plugin.log import logger
 from livekit_omni.plugin.model import OmniDuplexModel, OmniOptions
 from livekit_omni.plugin.occupancy import EngineOccupancy

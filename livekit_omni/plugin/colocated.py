@@ -203,8 +203,6 @@ class ColocatedSession(OmniSession):
         self._player = EgressPlayer(es, rate=OUTPUT_RATE)
         self._report_connection_acquired(time.perf_counter() - t0)
         logger.info("livekit-omni session %s opened on %s", es.id, self._opts.engine_address)
-        if self._input_muted:
-            self._send_mute(True)
         self._open_done.set()
         helpers = [
             asyncio.create_task(self._pump_input(self._writer), name="omni.colocated.input"),
@@ -348,6 +346,6 @@ class ColocatedSession(OmniSession):
                 out.rate,
                 1,
                 samples,
-                userdata={IN_REPLY: True} if self._reply_turn else None,
+                userdata={IN_REPLY: True} if self._reply_turn is not None else None,
             )
             yield llm.DuplexAudioFrame(frame=frame, start_ms=out.start_ms)

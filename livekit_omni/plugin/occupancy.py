@@ -78,6 +78,7 @@ class EngineOccupancy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._client: EngineClient | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
 
     @classmethod
     def for_model(cls, model: OmniDuplexModel, *, timeout_s: float = 1.0) -> EngineOccupancy:
@@ -109,12 +110,16 @@ class EngineOccupancy:
             self._loop = self._thread = self._client = None
         if loop is None:
             return
+        if self._finalizer is not None:
+            self._finalizer.detach()
         if client is not None:
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(client.close(), loop).result(self.timeout_s)
         loop.call_soon_threadsafe(loop.stop)
         if thread is not None:
             thread.join(self.timeout_s)
+            if not thread.is_alive():
+                loop.close()
 
     # --- remote -------------------------------------------------------------------------------------------------
     def _remote_info(self) -> dict[str, Any]:
@@ -151,7 +156,7 @@ class EngineOccupancy:
                 thread.start()
                 self._loop, self._thread = loop, thread
                 # A probe dropped without close() still stops its thread.
-                weakref.finalize(self, loop.call_soon_threadsafe, loop.stop)
+                self._finalizer = weakref.finalize(self, loop.call_soon_threadsafe, loop.stop)
             return self._loop
 
     async def _ping(self) -> dict[str, Any]:

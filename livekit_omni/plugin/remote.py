@@ -277,7 +277,10 @@ class RemoteSession(OmniSession):
 
     def _reset_for_reconnect(self) -> None:
         # A new connection is a new session, re-seeded from the history; whatever the old one was carrying (a
-        # partial chunk, an open caller turn, usage totals) does not continue.
+        # partial chunk, an open caller turn, usage totals) does not continue. Caller audio queued during the
+        # outage is dropped too: a duplex model hears in real time, and seconds-old speech replayed into the new
+        # session would be taken for a turn the caller is taking now.
+        self._input.dropped += self._input.clear()
         self._end_speech("user")
         self._end_speech("assistant")
         self._speech.clear()

@@ -111,10 +111,6 @@ class DropOldestQueue(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def put(self, item: T) -> None:
         if self._closed:
             return
