@@ -9,8 +9,8 @@ What it measures
     downmixes ``AudioFrame``\\ s), so its two rows are measured too.
 (b) **encode path**: egress ring (24 kHz chunks) → 48 kHz → Opus, per frame. Rows: ``EgressPlayer.next_frame()``
     alone (ring read, epoch check, playout report, 24→48 kHz); libopus encode alone (``media.codecs.OpusEncoder``,
-    mono 32 kbps voip); the chain; and aiortc's own Opus encoder (stereo 96 kbps plus its libswresample step, what a
-    WebRTC peer runs by default) for comparison.
+    mono 32 kbps voip — what the WebRTC track runs by default); the chain; and aiortc's own Opus encoder (stereo
+    96 kbps plus its libswresample step, ``answer_offer(encoder="aiortc")``) for comparison.
 
     CPU is ``time.thread_time()`` (CLOCK_THREAD_CPUTIME_ID, ns resolution) around the timed calls only, summed over
     ``--frames`` frames after a warm-up; the engine side of the ring (chunk writes, ingress drains) is outside the
@@ -19,7 +19,8 @@ What it measures
     pre-encoded Opus, so the client side stays light) call N peers made by ``answer_offer()`` in this process, each
     backed by a session of a real engine process running the loopback echo fixture, all on 127.0.0.1. For
     N = 1, 2, 4, 8, 12, 16, 24, 32, … (bounded by ``--max-sessions`` and a ``--time-cap``) it connects all callers,
-    waits ``--warmup`` seconds and observes a ``--window``-second window.
+    waits ``--warmup`` seconds and observes a ``--window``-second window. ``--encoder aiortc`` lets aiortc encode the
+    outgoing audio instead of the track (see ``media.webrtc.EgressTrack``).
 
     **Real time** means, for *every* session over the window:
       * the caller received ≥ 98 % of 50 frames/s from the server (the egress clock kept up),
@@ -33,7 +34,8 @@ What it measures
     moment the burst's first frame is handed to aiortc to the moment the server's ingress writer sees it.
 
 The last stdout line is one JSON object: ``decode_us_per_frame``, ``encode_us_per_frame`` (Opus included),
-``max_sessions_realtime``, and the breakdown.
+``max_sessions_realtime``, and the breakdown (``*_excl_opus``, ``opus_*``, ``webrtc_*``, per-step ``sessions``;
+``machine_cpu_pct`` there is the whole machine's busy CPU in % of one core, other users' work included).
 
     .venv/bin/python benchmarks/media_plane.py [--frames 5000] [--max-sessions 48] [--window 10] [--jitter]
 """
@@ -260,11 +262,29 @@ async def run_step(
     ]
     peers: list[WebRTCPeer] = []
     sock_path = str(tmp / f"signal-{n}.sock")
+    lags: list[float] = []
+    measuring = False
+
+    async def drain_events(s: EngineSession) -> None:
+        # A facade consumes session events; an unread queue would eventually fail the session.
+        async for _ in s.iter_events():
+            pass
+
+    async def loop_lag() -> None:
+        # How late a 5 ms timer fires: the event loop's responsiveness (stalls, or the process not scheduled).
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(0.005)
+            if measuring:
+                lags.append((time.monotonic() - t0 - 0.005) * 1000)
+
+    helpers = [asyncio.create_task(drain_events(s)) for s in sessions]
+    helpers.append(asyncio.create_task(loop_lag()))
 
     async def on_signal(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while line := await reader.readline():
             offer = json.loads(line)["offer"]
-            peer = await answer_offer(offer, sessions[len(peers)], loopback_only=True, opus=args.opus)
+            peer = await answer_offer(offer, sessions[len(peers)], loopback_only=True, encoder=args.encoder)
             peers.append(peer)
             writer.write((json.dumps({"answer": peer.answer_sdp}) + "\n").encode())
             await writer.drain()
@@ -295,6 +315,7 @@ async def run_step(
                 raise RuntimeError("client worker exited early")
             msg = json.loads(raw)
             if msg.get("event") == "window_start":
+                measuring = True
                 psutil.cpu_percent(interval=None)  # starts the machine-wide CPU interval
                 snap = {
                     "t": time.monotonic(),
@@ -306,6 +327,7 @@ async def run_step(
                     "late": sum(pe.track.pacer.late for pe in peers if pe.track),
                 }
             elif msg.get("event") == "window_end":
+                measuring = False
                 dt = time.monotonic() - snap["t"]
                 server_fps = [
                     (pe.input_frames - f0) / dt for pe, f0 in zip(peers, snap["frames"], strict=True)
@@ -321,6 +343,8 @@ async def run_step(
                     machine_cpu_pct=psutil.cpu_percent(interval=None) * psutil.cpu_count(),
                     server_rx_fps_min=min(server_fps),
                     server_tx_fps_min=min(tx_fps),
+                    loop_lag_p99_ms=pct(lags, 99),
+                    loop_lag_max_ms=max(lags, default=0.0),
                     pacer_late=sum(pe.track.pacer.late for pe in peers if pe.track) - snap["late"],
                 )
             elif msg.get("event") == "result":
@@ -336,6 +360,8 @@ async def run_step(
             await pe.close()
         for s in sessions:
             await s.close()
+        for h in helpers:
+            h.cancel()
     result["realtime"] = bool(
         result.get("connected") == n
         and result.get("rx_fps_min", 0) >= REALTIME_FPS
@@ -411,7 +437,8 @@ async def bench_sessions(args: argparse.Namespace) -> tuple[int, list[dict[str, 
                 f"  gap p95 {row.get('gap_p95_ms_max', 0):5.1f} ms  to server {row.get('server_rx_fps_min', 0):4.1f}/s"
                 f"  echo {100 * row.get('echo_frac_min', 0):3.0f}%  CPU% server {row.get('server_cpu_pct', 0):3.0f}"
                 f" engine {row.get('engine_cpu_pct', 0):3.0f} client {row.get('client_cpu_pct', 0):3.0f}"
-                f" machine {row.get('machine_cpu_pct', 0):3.0f}  {'real time' if row['realtime'] else 'LATE'}",
+                f" machine {row.get('machine_cpu_pct', 0):3.0f}  loop lag p99/max {row.get('loop_lag_p99_ms', 0):.0f}/"
+                f"{row.get('loop_lag_max_ms', 0):.0f} ms  {'real time' if row['realtime'] else 'LATE'}",
                 flush=True,
             )
             if not row["realtime"]:
@@ -518,7 +545,12 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=10.0, help="measurement window per step (s)")
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--time-cap", type=float, default=240.0, help="stop adding steps after this many seconds")
-    ap.add_argument("--opus", choices=["aiortc", "media"], default="aiortc", help="who encodes outgoing Opus")
+    ap.add_argument(
+        "--encoder",
+        choices=["media", "aiortc"],
+        default="media",
+        help="who encodes outgoing audio (EgressTrack)",
+    )
     ap.add_argument("--skip-sessions", action="store_true")
     ap.add_argument("--skip-cpu", action="store_true", help="skip (a)/(b)")
     ap.add_argument("--jitter", action="store_true", help="also measure jitter-buffer prefetch latency")
@@ -549,7 +581,7 @@ def main() -> None:
     best = 0
     if not args.skip_sessions:
         print(
-            f"(c) concurrent WebRTC sessions on 127.0.0.1 (engine: loopback fixture; outgoing Opus: {args.opus}; "
+            f"(c) concurrent WebRTC sessions on 127.0.0.1 (engine: loopback fixture; encoder: {args.encoder}; "
             f"real time = every session ≥ {REALTIME_FPS:.0f} frames/s both ways and p95 gap < "
             f"{REALTIME_P95_GAP_MS:.0f} ms over {args.window:.0f} s; {psutil.cpu_count()} CPUs shared by all)"
         )

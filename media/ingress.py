@@ -9,6 +9,7 @@ blocks: when the engine has not made room, the frame is dropped and counted as a
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Final, Protocol
 
 import av
@@ -55,6 +56,9 @@ class IngressWriter:
         rate: int = ENGINE_INPUT_RATE,
     ) -> None:
         self._session = session
+        # EngineSession.ring_doorbell wakes the engine's audio thread (coalesced per loop iteration); sessions
+        # without one (tests' stand-ins) are simply read at the engine's next tick.
+        self._ring_doorbell: Callable[[], None] | None = getattr(session, "ring_doorbell", None)
         self.encoding = AudioEncoding.PCM16
         self.rate = ENGINE_INPUT_RATE
         self.set_format(encoding, rate)
@@ -145,6 +149,8 @@ class IngressWriter:
                 self.overruns += 1
                 self.samples_dropped += piece.shape[0]
         self.samples_written += written
+        if written and self._ring_doorbell is not None:
+            self._ring_doorbell()
         return written
 
     def stats(self) -> dict[str, float | int]:

@@ -4,8 +4,9 @@
 a :class:`WebRTCPeer` whose ``answer_sdp`` goes back to the client. The peer
 
 * sends the session's model audio: an outgoing track paced by :class:`~media.pacer.Pacer` and fed by an
-  :class:`~media.egress.EgressPlayer` at 48 kHz (Opus, encoded by aiortc) or at 8 kHz when the peer offers only
-  G.711 (PCMU/PCMA, encoded by aiortc); pts grow by one frame per frame;
+  :class:`~media.egress.EgressPlayer` at 48 kHz as Opus, or at 8 kHz when the peer offers only G.711 (PCMU/PCMA);
+  by default the track encodes itself and aiortc only packetizes (``encoder="aiortc"`` lets aiortc encode, see
+  :class:`EgressTrack`); pts grow by one frame per frame;
 * writes the caller's audio into the session's ingress ring through an :class:`~media.ingress.IngressWriter`,
   holding at most ``max_input_backlog`` decoded frames (drop-oldest, counted) if the event loop falls behind;
   aiortc's receive jitter buffer is replaced by :class:`AudioJitterBuffer` (see ``DEFAULT_JITTER_PREFETCH``);
@@ -58,7 +59,15 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.utils import uint16_add
 from av import AudioFrame, Packet
 
-from media.codecs import OPUS_FRAME_SAMPLES, OPUS_RATE, OpusEncoder, rms_dbfs
+from media.codecs import (
+    G711_RATE,
+    OPUS_FRAME_SAMPLES,
+    OPUS_RATE,
+    OpusEncoder,
+    alaw_encode,
+    rms_dbfs,
+    ulaw_encode,
+)
 from media.egress import EgressPlayer, OutputFrame
 from media.ingress import IngressWriter, SessionLike, frame_to_mono_pcm16
 from media.pacer import Pacer
@@ -222,15 +231,18 @@ def jitter_buffer_of(receiver: RTCRtpReceiver) -> JitterBuffer | None:
 # --- outgoing track ---------------------------------------------------------------------------------------------
 
 
-OpusMode = Literal["aiortc", "media"]
+EncoderMode = Literal["aiortc", "media"]
 
 
 class EgressTrack(MediaStreamTrack):
     """The session's model audio as an aiortc audio track: one 20 ms frame per pacer tick.
 
-    ``opus="aiortc"`` hands aiortc PCM frames to encode (stereo 96 kbps, in its executor); ``opus="media"`` encodes
-    here with :class:`~media.codecs.OpusEncoder` (mono 32 kbps, voip) and hands aiortc finished packets, which it
-    only packetizes. The latter needs a 48 kHz Opus link and is chosen per peer.
+    ``encoder="media"`` (default) encodes here — Opus with :class:`~media.codecs.OpusEncoder` (mono, 32 kbps, voip),
+    G.711 with the µ-law/A-law tables — and hands aiortc finished packets, which it only packetizes.
+    ``encoder="aiortc"`` hands aiortc PCM frames instead: it then runs libswresample and libopus (stereo 96 kbps) in
+    its executor and, on the event loop, a pure-Python RMS over every sample for the RTP audio-level header
+    (``aiortc.rtp.compute_audio_level_dbov``: 0.4–0.8 ms per 20 ms stereo frame on this VM, more than the whole media
+    plane's own work). Measured per session: see benchmarks/media_plane.py ``--opus``. G.722 always goes as frames.
     """
 
     kind = "audio"
@@ -239,9 +251,10 @@ class EgressTrack(MediaStreamTrack):
         self,
         player: EgressPlayer,
         *,
+        codec: str = "audio/opus",
         pacer: Pacer | None = None,
         on_frame: FrameHandler | None = None,
-        opus: OpusMode = "aiortc",
+        encoder: EncoderMode = "media",
     ) -> None:
         super().__init__()
         self.player = player
@@ -249,8 +262,16 @@ class EgressTrack(MediaStreamTrack):
         self.on_frame = on_frame
         self._pts = 0
         self._time_base = fractions.Fraction(1, player.rate)
-        self._encoder = OpusEncoder() if opus == "media" and player.rate == OPUS_RATE else None
-        self._stereo = player.rate == OPUS_RATE
+        self._opus: OpusEncoder | None = None
+        self._g711: Callable[[np.ndarray], np.ndarray] | None = None
+        if encoder == "media":
+            if codec == "audio/opus" and player.rate == OPUS_RATE:
+                self._opus = OpusEncoder()
+            elif codec == "audio/pcmu" and player.rate == G711_RATE:
+                self._g711 = ulaw_encode
+            elif codec == "audio/pcma" and player.rate == G711_RATE:
+                self._g711 = alaw_encode
+        self._stereo = codec == "audio/opus"
         self._stereo_buf = np.zeros(2 * player.frame_samples, dtype=np.int16)
         self.frames_sent = 0
 
@@ -267,13 +288,12 @@ class EgressTrack(MediaStreamTrack):
         self.frames_sent += 1
         pts = self._pts
         self._pts += out.pcm.shape[0]
-        if self._encoder is not None:
-            packets = self._encoder.encode_packets(out.pcm)
+        if self._opus is not None:
+            packets = self._opus.encode_packets(out.pcm)
             if packets:
-                pkt = packets[0]
-                pkt.pts = pts
-                pkt.time_base = self._time_base
-                return pkt
+                return self._stamp(packets[0], pts)
+        elif self._g711 is not None:
+            return self._stamp(Packet(self._g711(out.pcm).tobytes()), pts)
         if self._stereo:
             # aiortc's Opus encoder upmixes mono through libswresample at -3 dB; duplicated channels pass unchanged.
             self._stereo_buf[0::2] = out.pcm
@@ -285,6 +305,11 @@ class EgressTrack(MediaStreamTrack):
         frame.pts = pts
         frame.time_base = self._time_base
         return frame
+
+    def _stamp(self, packet: Packet, pts: int) -> Packet:
+        packet.pts = pts
+        packet.time_base = self._time_base
+        return packet
 
 
 # --- the peer ---------------------------------------------------------------------------------------------------
@@ -570,7 +595,7 @@ async def answer_offer(
     loopback_only: bool | None = None,
     jitter_prefetch: int = DEFAULT_JITTER_PREFETCH,
     max_input_backlog: int = DEFAULT_MAX_INPUT_BACKLOG,
-    opus: OpusMode = "aiortc",
+    encoder: EncoderMode = "media",
     on_datachannel_message: MessageHandler | None = None,
     on_connection_state: StateHandler | None = None,
     on_output_frame: FrameHandler | None = None,
@@ -581,7 +606,8 @@ async def answer_offer(
 
     ``ice_servers`` defaults to none at all (host candidates only). ``loopback_only`` (default: whether
     :func:`enable_loopback_ice` was called) keeps only UDP 127.0.0.1 candidates of the offer and, when True,
-    enables loopback ICE. Raises :class:`SdpError` for an oversized or unusable offer.
+    enables loopback ICE. ``encoder`` picks who encodes outgoing audio (see :class:`EgressTrack`). Raises
+    :class:`SdpError` for an oversized or unusable offer.
     """
     if len(offer_sdp.encode()) > MAX_OFFER_BYTES:
         raise SdpError(f"SDP offer is larger than {MAX_OFFER_BYTES} bytes")
@@ -628,7 +654,7 @@ async def answer_offer(
         peer.player = EgressPlayer(session, rate=rate)
         # The client's direction as seen from here: "sendrecv"/"sendonly" means it wants to hear us.
         if getattr(transceiver, "_offerDirection", "sendrecv") in ("sendrecv", "sendonly"):
-            peer.track = EgressTrack(peer.player, on_frame=on_output_frame, opus=opus)
+            peer.track = EgressTrack(peer.player, codec=peer.codec, on_frame=on_output_frame, encoder=encoder)
             pc.addTrack(peer.track)
         if transceiver.receiver.track is not None and getattr(transceiver, "_offerDirection", "") in (
             "sendrecv",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -129,6 +129,13 @@ async def test_bad_offers_raise_sdp_error() -> None:
         await answer_offer("m=audio this is not sdp\r\n", dummy)
 
 
+async def _until(cond: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def engine() -> Iterator[EngineProcess]:
     eng = spawn_engine(adapter="loopback", loopback_delay_ms=LOOPBACK_DELAY_MS, max_sessions=8)
@@ -163,9 +170,9 @@ def _best_ncc(template: np.ndarray, signal: np.ndarray) -> tuple[float, int]:
     return float(ncc[i]), i
 
 
-@pytest.mark.parametrize("opus", ["aiortc", "media"])
+@pytest.mark.parametrize("encoder", ["media", "aiortc"])
 async def test_webrtc_call_echoes_speech_and_carries_data_channel_events(
-    engine: EngineProcess, loopback_ice: None, opus: str
+    engine: EngineProcess, loopback_ice: None, encoder: str
 ) -> None:
     client = await connect_engine(engine)
     session = await client.open_session(p.SessionConfig(adapter="loopback"))
@@ -186,7 +193,7 @@ async def test_webrtc_call_echoes_speech_and_carries_data_channel_events(
         loopback_only=True,
         on_datachannel_message=on_message,
         on_connection_state=states.append,
-        opus=opus,  # type: ignore[arg-type]
+        encoder=encoder,  # type: ignore[arg-type]
     )
     try:
         assert peer.codec == "audio/opus" and peer.player is not None and peer.player.rate == 48000
@@ -195,7 +202,12 @@ async def test_webrtc_call_echoes_speech_and_carries_data_channel_events(
         await caller.accept(peer.answer_sdp)
         await asyncio.wait_for(caller.opened.wait(), 10)
         caller.send(json.dumps({"type": "session.update"}))
-        await asyncio.sleep(len(speech) / 48000 + LOOPBACK_DELAY_MS / 1000 + 0.8)
+        # Wait for the whole clip to go out and its echo to come back (by frame counts, not wall time, so a
+        # busy machine only makes the test slower).
+        clip_frames = -(-len(speech) // 960)
+        echo_frames = clip_frames + LOOPBACK_DELAY_MS // 20 + 25
+        await _until(lambda: caller.source.sent >= clip_frames and len(caller.chunks) >= echo_frames)
+        await _until(lambda: len(caller.messages) >= 2)
 
         assert "connected" in states
         assert [json.loads(m)["type"] for m in got] == ["session.update"]
@@ -231,18 +243,21 @@ async def test_webrtc_call_echoes_speech_and_carries_data_channel_events(
     await client.close()
 
 
-async def test_webrtc_g711_only_offer_is_answered_in_g711(engine: EngineProcess, loopback_ice: None) -> None:
+@pytest.mark.parametrize("encoder", ["media", "aiortc"])
+async def test_webrtc_g711_only_offer_is_answered_in_g711(
+    engine: EngineProcess, loopback_ice: None, encoder: str
+) -> None:
     client = await connect_engine(engine)
     session = await client.open_session(p.SessionConfig(adapter="loopback"))
     t = np.arange(48000) / 48000
     tone = (9000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16)
     caller = WebRTCCaller(tone, loop=True, datachannel=None, codecs=["audio/PCMU"])
-    peer = await answer_offer(await caller.offer(), session, loopback_only=True)
+    peer = await answer_offer(await caller.offer(), session, loopback_only=True, encoder=encoder)  # type: ignore[arg-type]
     try:
         assert peer.codec == "audio/pcmu" and peer.player is not None and peer.player.rate == 8000
         await caller.accept(peer.answer_sdp)
         await asyncio.wait_for(caller.connected.wait(), 10)
-        await asyncio.sleep(1.5)
+        await _until(lambda: len(caller.chunks) >= 75)  # 1.5 s of audio back
         rx = caller.received_audio()
         assert caller.rate == 8000
         tail = rx[-4000:].astype(np.float64)

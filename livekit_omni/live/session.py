@@ -537,10 +537,7 @@ class LiveSession:
         self._last_input = now
         if not self._admit_input(seconds, now):
             return  # beyond the burst allowance: dropped, never queued
-        self.writer.write(raw)
-        # Wake the engine's audio thread now rather than at its next 10 ms tick (coalesced per loop iteration).
-        assert self.engine is not None
-        self.engine.ring_doorbell()
+        self.writer.write(raw)  # also rings the engine's doorbell
         self.metrics.audio_in_seconds.inc(seconds)
 
     def _admit_input(self, seconds: float, now: float) -> bool:
