@@ -280,9 +280,11 @@ class CascadeAdapter(ModelAdapter):
         self.thinker.open(session.id, session.config.instructions or None, history or None)
         session.adapter_state = _CascadeState(TurnDetector(vs), barge, spec)
         self._refresh_kv()
-        session.log.append(Segment(Role.SYSTEM, session.config.instructions, session.epoch))
-        for t in session.config.history:
-            session.log.append(Segment(Role(t.role), t.text, session.epoch))
+        # The conversation log mirrors the thinker's token log: system prompt, then the startup history.
+        for seg in self.thinker.log(session.id).segments:
+            session.log.append(
+                Segment(Role(seg.role), seg.text, session.epoch, token_start=seg.start, token_end=seg.end)
+            )
 
     def close(self, session: DuplexSession) -> None:
         st: _CascadeState | None = session.adapter_state
