@@ -14,14 +14,11 @@ engine is full, whatever the worker's CPU says. See docs/deployment.md.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-
-from livekit.agents import Agent, AgentServer, JobContext, JobExecutorType, cli
+from livekit.agents import Agent, JobContext, cli
 
 # Imported at module top level, on the main thread: this registers the plugin with LiveKit.
 import livekit_omni.plugin  # noqa: F401
-from livekit_omni.plugin.worker import AgentSettings, SessionIOFactory, create_server, start_agent_session
+from livekit_omni.plugin.worker import AgentSettings, SessionIOFactory, server_builder, start_agent_session
 
 DEFAULTS = AgentSettings(
     agent_name="",
@@ -39,22 +36,7 @@ async def entrypoint(ctx: JobContext, *, session_io: SessionIOFactory | None = N
     )
 
 
-def build_server(
-    *,
-    session_io: SessionIOFactory | None = None,
-    load_fnc: Callable[[], float] | None = None,
-    job_executor_type: JobExecutorType | None = None,
-    port: int | None = None,
-) -> AgentServer:
-    """The worker. ``session_io`` replaces the room's audio in every job (offline runs and tests)."""
-    fn = functools.partial(entrypoint, session_io=session_io) if session_io is not None else entrypoint
-    return create_server(
-        fn,
-        AgentSettings.from_env(DEFAULTS),
-        load_fnc=load_fnc,
-        job_executor_type=job_executor_type,
-        port=port,
-    )
+build_server = server_builder(entrypoint, DEFAULTS)
 
 
 if __name__ == "__main__":

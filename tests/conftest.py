@@ -13,11 +13,15 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from engine_bridge.client import EngineClient
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Every server event the Live facade emits during the test session is appended here (JSON lines), and
@@ -206,3 +210,22 @@ async def connect_engine(engine: EngineProcess, *, ready_timeout: float = 240.0)
             raise RuntimeError(f"engine failed to load: {info}")
         await asyncio.sleep(0.25)
     return client
+
+
+@pytest.fixture(scope="module")
+def engine(request: pytest.FixtureRequest) -> Iterator[EngineProcess]:
+    """One real engine process per test module, configured by the module's ``ENGINE_SETTINGS`` dict."""
+    settings = getattr(request.module, "ENGINE_SETTINGS", None)
+    if settings is None:
+        raise pytest.UsageError(f"{request.module.__name__} uses the engine fixture without ENGINE_SETTINGS")
+    eng = spawn_engine(**settings)
+    yield eng
+    eng.stop()
+
+
+@pytest.fixture
+async def client(engine: EngineProcess) -> AsyncIterator[EngineClient]:
+    """A control-channel client of the module's engine, connected once its models are loaded."""
+    c = await connect_engine(engine)
+    yield c
+    await c.close()

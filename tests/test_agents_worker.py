@@ -15,7 +15,6 @@ import logging
 import threading
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,22 +26,11 @@ from agents import room_agent, sip_agent
 from engine_bridge.client import EngineClient
 from livekit_omni import EngineOccupancy, OmniDuplexModel
 from livekit_omni.plugin.worker import AgentSettings, SessionIO
-from tests.conftest import EngineProcess, connect_engine, free_port, spawn_engine
+from tests.conftest import EngineProcess, free_port
 from tests.plugin_harness import Mic, Speaker
 
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[EngineProcess]:
-    eng = spawn_engine(adapter="loopback", max_sessions=2)
-    yield eng
-    eng.stop()
-
-
-@pytest.fixture
-async def client(engine: EngineProcess) -> AsyncIterator[EngineClient]:
-    c = await connect_engine(engine)
-    yield c
-    await c.close()
+#: The module's engine process (the `engine` and `client` fixtures of tests/conftest.py).
+ENGINE_SETTINGS = {"adapter": "loopback", "max_sessions": 2}
 
 
 async def test_load_function_reports_engine_occupancy(engine: EngineProcess, client: EngineClient) -> None:

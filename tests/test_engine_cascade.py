@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
@@ -18,25 +17,15 @@ from engine_bridge.control import EngineRequestError
 from engine_bridge.formats import ENGINE_OUTPUT_RATE
 from engine_bridge.speech.asr import WhisperTranscriber
 from engine_bridge.speech.text import normalize_text
-from tests.conftest import EngineProcess, connect_engine, spawn_engine
+from tests.conftest import connect_engine, spawn_engine
 from tests.engine_driver import SessionDriver
 from tests.speech_fixtures import noise_burst, synthesize_speech
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def engine() -> EngineProcess:
-    eng = spawn_engine(adapter="cascade", max_sessions=3, idle_ttl_s=60)
-    yield eng
-    eng.stop()
-
-
-@pytest.fixture
-async def client(engine: EngineProcess) -> AsyncIterator[EngineClient]:
-    c = await connect_engine(engine)
-    yield c
-    await c.close()
+#: The module's engine process (the `engine` and `client` fixtures of tests/conftest.py).
+ENGINE_SETTINGS = {"adapter": "cascade", "max_sessions": 3, "idle_ttl_s": 60}
 
 
 @pytest.fixture(scope="module")

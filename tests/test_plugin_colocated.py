@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from livekit.agents import llm
 from engine_bridge.client import EngineClient
 from livekit_omni import OmniDuplexModel
 from livekit_omni.plugin.colocated import ColocatedSession
-from tests.conftest import EngineProcess, connect_engine, spawn_engine
+from tests.conftest import EngineProcess
 from tests.plugin_harness import (
     STORY,
     Conversation,
@@ -36,18 +35,8 @@ pytestmark = pytest.mark.slow
 INSTRUCTIONS = "You are a helpful assistant. Answer briefly."
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[EngineProcess]:
-    eng = spawn_engine(adapter="cascade", max_sessions=3, idle_ttl_s=60)
-    yield eng
-    eng.stop()
-
-
-@pytest.fixture
-async def client(engine: EngineProcess) -> AsyncIterator[EngineClient]:
-    c = await connect_engine(engine)
-    yield c
-    await c.close()
+#: The module's engine process (the `engine` and `client` fixtures of tests/conftest.py).
+ENGINE_SETTINGS = {"adapter": "cascade", "max_sessions": 3, "idle_ttl_s": 60}
 
 
 def reply_count(conv: Conversation) -> int:

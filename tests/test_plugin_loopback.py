@@ -10,7 +10,6 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,19 +23,8 @@ from livekit_omni.plugin.colocated import ColocatedSession
 from tests.conftest import EngineProcess, connect_engine, spawn_engine
 from tests.plugin_harness import Mic, Recorder, Speaker
 
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[EngineProcess]:
-    eng = spawn_engine(adapter="loopback", max_sessions=2)
-    yield eng
-    eng.stop()
-
-
-@pytest.fixture
-async def client(engine: EngineProcess) -> AsyncIterator[EngineClient]:
-    c = await connect_engine(engine)
-    yield c
-    await c.close()
+#: The module's engine process (the `engine` and `client` fixtures of tests/conftest.py).
+ENGINE_SETTINGS = {"adapter": "loopback", "max_sessions": 2}
 
 
 def tone(seconds: float, rate: int, level: float = 0.3) -> np.ndarray:

@@ -17,6 +17,7 @@ Configuration comes from the environment, so one image serves every deployment:
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -87,6 +88,32 @@ def create_server(
     server = AgentServer(**kwargs)  # type: ignore[arg-type]
     server.rtc_session(entrypoint, agent_name=settings.agent_name)
     return server
+
+
+def server_builder(
+    entrypoint: Callable[..., Awaitable[None]], defaults: AgentSettings
+) -> Callable[..., AgentServer]:
+    """``build_server(*, session_io=None, load_fnc=None, job_executor_type=None, port=None)`` for an agent module:
+    settings come from the environment over ``defaults`` when it is called; ``session_io`` replaces the room's
+    audio in every job (offline runs and tests)."""
+
+    def build_server(
+        *,
+        session_io: SessionIOFactory | None = None,
+        load_fnc: Callable[[], float] | None = None,
+        job_executor_type: JobExecutorType | None = None,
+        port: int | None = None,
+    ) -> AgentServer:
+        fn = functools.partial(entrypoint, session_io=session_io) if session_io is not None else entrypoint
+        return create_server(
+            fn,
+            AgentSettings.from_env(defaults),
+            load_fnc=load_fnc,
+            job_executor_type=job_executor_type,
+            port=port,
+        )
+
+    return build_server
 
 
 async def start_agent_session(
