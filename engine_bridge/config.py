@@ -37,7 +37,7 @@ class TurnTakingSettings(BaseModel):
     #: Caller speech while the model talks must last this long to interrupt it (shorter: a backchannel).
     barge_in_min_ms: int = Field(200, ge=20, le=3000)
     #: Silence after which the transcript and the reply are prepared speculatively, before the endpoint.
-    speculative_ms: int = Field(150, ge=0, le=5000)
+    speculative_ms: int = Field(120, ge=0, le=5000)
     #: The first clause of a reply is voiced once it has this many words, even before punctuation (0: off).
     first_clause_words: int = Field(4, ge=0, le=50)
 

@@ -509,7 +509,9 @@ class CascadeAdapter(ModelAdapter):
         user_ckpt = None
         if user_text is not None:
             user_ckpt = len(thinker.log(session.id))
-            res = thinker.append(session.id, "user", user_text, epoch=session.epoch)
+            # Deferred prefill: the caller's words, the reply header and the first token go through the model in
+            # one forward pass (the first step), one pass fewer before the first word of the answer.
+            res = thinker.append(session.id, "user", user_text, epoch=session.epoch, prefill=False)
             session.log.append(
                 Segment(
                     Role.USER,
