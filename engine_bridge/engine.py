@@ -20,9 +20,11 @@ import json
 import logging
 import os
 import signal
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
@@ -130,6 +132,16 @@ class Engine:
             Address.parse(self.settings.address), self._handle, on_disconnect=self._on_disconnect
         )
         await self._server.start()
+        # The doorbell lives next to the socket; over TCP (another container on the same host) in a private
+        # temporary folder, whose path the Hello reply tells the client.
+        addr = self._server.address
+        bell_dir = (
+            Path(addr.path).parent if addr.kind == "unix" else Path(tempfile.mkdtemp(prefix="lko-engine-"))
+        )
+        # One engine per socket path, so a fixed name: a restarted engine replaces its dead predecessor's FIFO.
+        self.doorbell = Doorbell(
+            bell_dir / (Path(addr.path).stem + ".bell" if addr.kind == "unix" else "engine.bell")
+        )
         log.info(
             "engine %d listening on %s (adapter %s)", os.getpid(), self._server.address, self.adapter.name
         )

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -62,6 +63,9 @@ async def test_admission_typed_error_and_unknown_session() -> None:
     proc, sock = _spawn_engine(max_sessions=1)
     try:
         client = await _connect(sock, proc)
+        # The engine's doorbell (a FIFO next to its socket) is advertised, so writers can wake its audio thread.
+        bell = Path(client.hello["doorbell"])
+        assert bell.parent == Path(sock.removeprefix("unix:")).parent and stat.S_ISFIFO(bell.stat().st_mode)
         s1 = await client.open_session()
         with pytest.raises(EngineRequestError) as e:
             await client.open_session()
