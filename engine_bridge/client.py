@@ -13,8 +13,6 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
-import numpy as np
-
 from engine_bridge import protocol as p
 from engine_bridge.control import Address, ControlClient, EngineLostError, EngineRequestError
 from engine_bridge.doorbell import DoorbellButton
@@ -44,15 +42,6 @@ class EngineSession:
         self.close_reason = ""
 
     # --- audio -----------------------------------------------------------------------------------------------
-    def write_ingress(self, pcm: np.ndarray) -> bool:
-        """Write caller audio (int16, engine input rate) and ring the engine's doorbell (coalesced per event-loop
-        iteration). False when the ring is full (counted as an overrun in its header)."""
-        if self.closed:
-            return False
-        ok = self.rings.ingress.write(pcm)
-        self.client.ring_doorbell()
-        return ok
-
     def ring_doorbell(self) -> None:
         """Tell the engine new caller audio is in the ingress ring (for writers that write the ring directly)."""
         if not self.closed:

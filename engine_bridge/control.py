@@ -134,10 +134,6 @@ class ServerConnection:
             log.debug("control connection %d: send failed: %s", self.id, e)
             self.closed = True
 
-    async def drain(self) -> None:
-        with contextlib.suppress(ConnectionError):
-            await self.writer.drain()
-
 
 CommandHandler = Callable[[ServerConnection, p.Command], Awaitable[p.Reply | p.ErrorReply]]
 ConnectionHook = Callable[[ServerConnection], None]

@@ -372,13 +372,6 @@ class IngressRing(_Ring):
         words[_W_READ] = r + n  # publish after the copy
         return n // 2
 
-    def skip_all(self) -> int:
-        """Drop everything pending (used when the engine falls hopelessly behind); returns samples dropped."""
-        w, r = self.write_cursor, self.read_cursor
-        if w > r:
-            self._publish_read(w)
-        return (w - r) // 2
-
 
 class EgressRing(_Ring):
     """Model audio chunks tagged ``(epoch, turn_id, seq, nsamples)``; cursors are in bytes."""

@@ -82,8 +82,6 @@ class SessionStats:
     turns: int = 0
     barge_ins: int = 0
     ignored_short_speech: int = 0
-    egress_overruns: int = 0
-    ingress_overruns: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -167,10 +165,6 @@ class DuplexSession:
                 return False
             self.outbox.append(OutChunk(epoch, turn_id, seq, pcm))
             return True
-
-    def outbox_samples(self) -> int:
-        with self.fence_lock:
-            return sum(c.pcm.shape[0] for c in self.outbox)
 
     def snapshot(self) -> dict[str, Any]:
         st = self.stats

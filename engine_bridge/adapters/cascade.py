@@ -523,8 +523,6 @@ class CascadeAdapter(ModelAdapter):
                     token_end=res.log_len,
                 )
             )
-            if turn is not None and not turn.confirmed:
-                session.log[-1].interrupted = False
         append_stats: dict[str, int] = {}
         if user_text is not None:
             append_stats = {
