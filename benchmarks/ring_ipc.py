@@ -60,8 +60,8 @@ figures from ``CLOCK_PROCESS_CPUTIME_ID`` (the same kernel counter, in ns) are i
   calls per frame that the brackets cannot see. The instrumentation is harness too, identical on every row.
 
 ``transport CPU per frame = (producer total - producer floor) + (consumer total - consumer floor)``. What stays
-in it is what the transport makes each side do: for the ring ``np.frombuffer`` + ``write``, the consumer's poll
-passes and sleeps, ``read_into`` and slicing out frames; for WebSocket JSON + base64 both ways, framing, socket
+in it is what the transport makes each side do: for the ring ``write`` and the doorbell, the consumer's
+wake-ups, ``read_into`` passes and slicing out frames; for WebSocket JSON + base64 both ways, framing, socket
 syscalls and the event-loop wake-ups the sockets cause; for ZMQ its send/recv calls and I/O threads. The
 headline keys ``ring_cpu_us_per_frame``, ``ws_cpu_us_per_frame`` and ``zmq_cpu_us_per_frame`` are this
 transport CPU at 50 streams (or the largest count run), both sides summed; the raw totals are next to them as
@@ -70,17 +70,24 @@ The floor and the total are measured seconds apart on a shared box, so a small t
 little off, even negative; it is reported as measured, never clamped, and a ratio over a non-positive
 denominator is ``null``.
 
-The ring consumer's poll (the design choice that decides the ring's CPU *and* latency)
---------------------------------------------------------------------------------------
-The ring has no doorbell, so the consumer polls like an engine thread would, but cheaply: one pass reads every
-ring's ``write_cursor`` (one shared-memory word each) and compares it with its own read positions; only rings
-whose cursor moved get a ``read_into``; and when a pass finds nothing it waits on the engine's doorbell
-(``engine_bridge.doorbell``: a FIFO the producer rings once per event-loop iteration, exactly as
-``EngineClient.ring_doorbell`` does for the media plane), with ``--poll-sleep-us`` (default 10 ms, the engine's
-audio tick) as the fallback timeout. The doorbell's syscalls on both sides are charged to the ring. With
-``--no-doorbell`` the consumer polls on a timer instead (default 500 us sleep after an empty pass); it never
-busy-spins: on a box whose two vCPUs are shared, a spinning consumer would steal the producer's CPU.
-WebSocket and ZMQ consumers are event-driven and need no such choice.
+The ring consumer (the design choice that decides the ring's CPU *and* latency)
+-------------------------------------------------------------------------------
+It reads like the engine's audio thread (``Engine._audio_loop``): one pass calls ``read_into`` on every ring
+(an empty ring costs one call that loads two cursor words), then it sleeps on the engine's doorbell
+(``engine_bridge.doorbell``: a FIFO the producer rings once per event-loop iteration after writing, exactly as
+``EngineClient.ring_doorbell`` does for the media plane) with ``--poll-sleep-us`` as the safety-net timeout
+(default 100 ms, the engine's ``AUDIO_IDLE_WAIT_S``). The doorbell is drained before the wait returns and rung
+after every write, so no pass is needed to confirm that nothing arrived meanwhile: one wake-up and one pass
+per tick. The doorbell's syscalls on both sides are charged to the ring. With ``--no-doorbell`` the consumer
+sleeps on a timer after every pass instead (default 500 us); it never busy-spins: on a box whose two vCPUs are
+shared, a spinning consumer would steal the producer's CPU. WebSocket and ZMQ consumers are event-driven and
+need no such choice.
+
+Where the ring's remaining CPU goes (measured on the 2-vCPU CI VM): ``write`` and ``read_into`` are one C call
+each (``engine_bridge._ringcore``; the pure-Python path is ~2 us slower per call and is what runs when the
+extension is not built, see the ``ring_native`` key); every page of the segments is mapped at set-up, so no
+frame takes a page fault; what is left is mostly the price of touching memory right after a wake-up (a few us
+per ring on this VM, for any code) and the wake-up itself (~100 us of CPU, shared by the tick's frames).
 
 Output: progress on stderr; a table and a legend on stdout; the last stdout line is one JSON object (keys in
 ``_summary``). Every child process, ring segment and ipc file is removed on every exit path (``finally`` in each
@@ -122,7 +129,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import Server, ServerConnection, serve
 
 from engine_bridge.doorbell import Doorbell, DoorbellButton
-from engine_bridge.ring import IngressRing, list_our_segments, unlink_segment
+from engine_bridge.engine import AUDIO_IDLE_WAIT_S
+from engine_bridge.ring import NATIVE, IngressRing, list_our_segments, unlink_segment
 
 SAMPLE_RATE: Final = 16_000
 PERIOD_NS: Final = 20_000_000
@@ -235,8 +243,9 @@ class Source:
 class Tally:
     """Checks what arrived (sequence, CRC chain per stream) and records the hand-off latency of each frame.
 
-    ``take`` times itself with the thread CPU clock so that the verification can be subtracted from the
-    consumer's total as harness; every transport's consumer calls it once per frame, in the same way.
+    Every transport's consumer calls ``take`` once per frame, in the same way, between two thread-CPU clock
+    reads whose difference it adds to ``verify_ns`` (the call included), so that the verification can be
+    subtracted from the consumer's total as harness.
     """
 
     def __init__(self, streams: int, total: int) -> None:
@@ -247,10 +256,9 @@ class Tally:
         self.count = 0  # every frame taken, in order or not
         self.in_order = 0
         self.out_of_order = 0
-        self.verify_ns = 0  # thread CPU spent inside take(), brackets included
+        self.verify_ns = 0  # thread CPU spent in take() calls, as bracketed by the callers
 
     def take(self, frame: np.ndarray, now_ns: int) -> None:
-        t = time.thread_time_ns()
         stamp, stream, seq = HDR.unpack_from(frame)
         self.lat_ns.append(now_ns - stamp)
         if seq == self.next_seq[stream]:
@@ -260,7 +268,6 @@ class Tally:
         self.next_seq[stream] = seq + 1
         self.crc[stream] = zlib.crc32(frame, self.crc[stream])
         self.count += 1
-        self.verify_ns += time.thread_time_ns() - t
 
     @property
     def done(self) -> bool:
@@ -309,7 +316,7 @@ class RingSender(Sender):
 
     async def send(self, stream: int, payload: bytes) -> None:
         # A full ring drops the new frame (the ring's own overrun policy); the consumer then sees a gap.
-        if not self.rings[stream].write(np.frombuffer(payload, dtype=np.int16)):
+        if not self.rings[stream].write(payload):
             self.overruns += 1
         if self.bell is not None and not self._bell_pending:
             self._bell_pending = True
@@ -487,7 +494,7 @@ class RingSink(Sink):
         super().__init__(cfg, tally)
         self.rings: list[IngressRing] = []
         self.passes = 0
-        self.sleeps = 0
+        self.empty = 0
         self.bell: Doorbell | None = None
 
     async def setup(self) -> dict[str, Any]:
@@ -510,40 +517,44 @@ class RingSink(Sink):
         sleep_s = self.cfg.poll_sleep_s
         bell = self.bell
         buf = np.zeros(RING_READ_FRAMES * FRAME_SAMPLES, dtype=np.int16)
-        pos = [r.read_cursor for r in rings]  # our own read position, in bytes (we are the only reader)
-        indexes = range(len(rings))
+        # Per-frame views into buf made once, so slicing a frame out costs nothing per frame.
+        frames = [buf[j * FRAME_SAMPLES : (j + 1) * FRAME_SAMPLES] for j in range(RING_READ_FRAMES)]
+        reads = [ring.read_into for ring in rings]
+        take = tally.take
         monotonic_ns = time.monotonic_ns
-        passes = sleeps = 0  # locals in the loop, published once: the counters must not cost a pass anything
+        thread_time_ns = time.thread_time_ns
+        passes = empty = 0  # locals in the loop, published once: the counters must not cost a pass anything
         while not tally.done:
+            # One pass = read_into on every ring, as the engine's audio thread pumps every session per wake-up.
+            # An empty ring costs one C call that loads two cursor words; no separate scan of the cursors first.
             passes += 1
-            # One pass = one read of every ring's write cursor, compared with our positions in a single list
-            # comparison (about 0.1 us per ring warm, 0.3 us after a sleep let caches and TLB go cold);
-            # read_into, which also loads and checks the read cursor, runs only on rings that moved.
-            cur = [r.write_cursor for r in rings]
-            if cur == pos:
-                if monotonic_ns() > hard_deadline_ns:
-                    break
-                sleeps += 1
-                if bell is not None:
-                    bell.wait(sleep_s)
-                else:
-                    time.sleep(sleep_s)
-                continue
-            for i in indexes:
-                if cur[i] == pos[i]:
+            got = False
+            for i, read in enumerate(reads):
+                n = read(buf)
+                if not n:
                     continue
-                ring = rings[i]
-                n = ring.read_into(buf)
+                got = True
                 now = monotonic_ns()
                 if n % FRAME_SAMPLES:
-                    raise RuntimeError(f"ring {ring.name}: read {n} samples, not whole frames")
-                pos[i] += 2 * n
-                for j in range(0, n, FRAME_SAMPLES):
-                    tally.take(buf[j : j + FRAME_SAMPLES], now)
-        self.passes, self.sleeps = passes, sleeps
+                    raise RuntimeError(f"ring {rings[i].name}: read {n} samples, not whole frames")
+                for k in range(n // FRAME_SAMPLES):
+                    t = thread_time_ns()
+                    take(frames[k], now)
+                    tally.verify_ns += thread_time_ns() - t
+            if tally.done or monotonic_ns() > hard_deadline_ns:
+                break
+            # Sleep after every pass, productive or not: the doorbell is drained before it returns, and a
+            # producer rings *after* writing, so a frame written during the pass leaves a ring pending and the
+            # wait returns at once. No confirmation pass is needed.
+            empty += not got
+            if bell is not None:
+                bell.wait(sleep_s)
+            else:
+                time.sleep(sleep_s)
+        self.passes, self.empty = passes, empty
 
     def stats(self) -> dict[str, Any]:
-        return {"poll_passes": self.passes, "poll_sleeps": self.sleeps}
+        return {"poll_passes": self.passes, "poll_empty": self.empty}
 
     async def close(self) -> None:
         for r in self.rings:
@@ -566,7 +577,10 @@ class WsSink(Sink):
             if obj["type"] != "session.input_audio.append":
                 continue
             frame = np.frombuffer(base64.b64decode(obj["audio"]), dtype=np.int16)
-            tally.take(frame, time.monotonic_ns())
+            now = time.monotonic_ns()
+            t = time.thread_time_ns()
+            tally.take(frame, now)
+            tally.verify_ns += time.thread_time_ns() - t
             if tally.done:
                 self.done.set()
 
@@ -628,7 +642,10 @@ class ZmqSink(Sink):
                     return
                 continue
             frame = np.frombuffer(msg, dtype=np.int16)
-            tally.take(frame, monotonic_ns())
+            now = monotonic_ns()
+            t = time.thread_time_ns()
+            tally.take(frame, now)
+            tally.verify_ns += time.thread_time_ns() - t
 
     async def close(self) -> None:
         if self.sock is not None:
@@ -861,7 +878,7 @@ def _run_config(prod: Child, cons: Child, cfg: Cfg, ring_names: set[str]) -> dic
     if "poll_passes" in cres and cres["window_s"]:
         poll = {
             "ring_polls_per_s": cres["poll_passes"] / cres["window_s"],
-            "ring_empty_poll_pct": 100 * cres["poll_sleeps"] / max(1, cres["poll_passes"]),
+            "ring_empty_poll_pct": 100 * cres["poll_empty"] / max(1, cres["poll_passes"]),
         }
     return {
         "transport": cfg.transport,
@@ -1042,6 +1059,7 @@ def _summary(
         } or None
     measured = [r for r in results if r["transport"] != BASELINE]
     out["all_delivered_exact"] = bool(measured) and all(r["exact"] for r in measured)
+    out["ring_native"] = NATIVE  # write/read_into in C (engine_bridge._ringcore) or the pure-Python fallback
     out["targets"] = {"ring_vs_ws_cpu_ratio_min": TARGET_RATIO, "ring_p99_ms_at_50_max": TARGET_P99_MS}
     ratio, total_ratio, p99 = (
         out["ring_vs_ws_cpu_ratio"],
@@ -1088,8 +1106,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--poll-sleep-us",
         type=float,
         default=None,
-        help="ring consumer: wait after a pass over all rings that found nothing: on the doorbell (default "
-        "10000, the engine's tick, as a fallback) or, with --no-doorbell, a plain sleep (default 500)",
+        help="ring consumer: wait after each pass over all rings: on the doorbell with this safety-net timeout "
+        "(default 100000, the engine's AUDIO_IDLE_WAIT_S) or, with --no-doorbell, a plain sleep (default 500)",
     )
     ap.add_argument(
         "--no-doorbell",
@@ -1098,7 +1116,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     args = ap.parse_args(argv)
     if args.poll_sleep_us is None:
-        args.poll_sleep_us = 500.0 if args.no_doorbell else 10_000.0
+        args.poll_sleep_us = 500.0 if args.no_doorbell else AUDIO_IDLE_WAIT_S * 1e6
     if args.duration is None:
         args.duration = 2.0 if args.quick else 10.0
     if args.streams is None:
@@ -1196,7 +1214,8 @@ def _run(args: argparse.Namespace) -> int:
         f"ring vs ws: {_fmt(summary['ring_vs_ws_cpu_ratio'], '.2f')}x transport-only, "
         f"{_fmt(summary['ring_vs_ws_total_cpu_ratio'], '.2f')}x in totals (target >= {TARGET_RATIO:g}x); "
         f"ring p99 at 50 streams: {_fmt(summary['ring_p99_ms_at_50'], '.3f')} ms (target <= {TARGET_P99_MS:g} ms); "
-        f"all delivered bit-exact: {summary['all_delivered_exact']}"
+        f"all delivered bit-exact: {summary['all_delivered_exact']}; "
+        f"ring path: {'C (engine_bridge._ringcore)' if NATIVE else 'pure Python (extension not built)'}"
     )
     print(json.dumps(summary), flush=True)
     return 0 if summary["all_delivered_exact"] else 1

@@ -40,7 +40,12 @@ from engine_bridge.session import DuplexSession, InterruptRequest, MuteChange, T
 
 log = logging.getLogger("engine_bridge.engine")
 
+#: While reply audio waits in an outbox for room in egress, the audio thread retries this often.
 AUDIO_TICK_S: Final = 0.010
+#: Otherwise it sleeps on the doorbell: producers ring it after writing caller audio and the scheduler after
+#: queueing reply audio, so this timeout is only a safety net (e.g. a client that cannot reach the doorbell).
+#: A 10 ms timer here cost a second wake-up per 20 ms frame for nothing (benchmarks/ring_ipc.py).
+AUDIO_IDLE_WAIT_S: Final = 0.100
 SCHEDULER_IDLE_S: Final = 0.005
 READ_CHUNK_SAMPLES: Final = 16_000  # at most 1 s of caller audio per session per tick
 
@@ -178,6 +183,7 @@ class Engine:
             await self._close_session(s, "engine_shutdown")
         self._stop.set()
         self._wake.set()
+        self._wake_audio()
         for t in self._threads:
             t.join(timeout=2.0)
         if self._server is not None:
@@ -271,6 +277,7 @@ class Engine:
         session = DuplexSession(
             cmd.session_id, rings, cmd.config, self._emitter(conn), owner_id=conn.id, idle_ttl_s=ttl
         )
+        session.on_output = self._wake_audio
         try:
             self.manager.admit(session)
         except AdmissionError as e:
@@ -363,15 +370,20 @@ class Engine:
                     await self._close_session(s, "idle_timeout")
 
     # --- audio thread ---------------------------------------------------------------------------------------
+    def _wake_audio(self) -> None:
+        if self.doorbell is not None:
+            self.doorbell.ring()
+
     def _audio_loop(self) -> None:
         buf = np.zeros(READ_CHUNK_SAMPLES, dtype=np.int16)
-        next_tick = time.monotonic()
         while not self._stop.is_set():
+            started = time.monotonic()
+            backlog = False
             for s in self.manager.snapshot():
                 if s.closing:
                     continue
                 try:
-                    self._pump(s, buf)
+                    backlog |= self._pump(s, buf)
                 except Exception:
                     log.exception("session %s: audio pump failed; closing it", s.id)
                     s.emit(
@@ -385,21 +397,19 @@ class Engine:
                     if self._loop is not None:
                         asyncio.run_coroutine_threadsafe(self._close_session(s, "error"), self._loop)
                     s.closing = True
-            now = time.monotonic()
-            if now >= next_tick:
-                next_tick += AUDIO_TICK_S
-                if now - next_tick > AUDIO_TICK_S:  # fell behind by more than a tick: count it, don't burst
-                    self.audio_tick_overruns += 1
-                    next_tick = now + AUDIO_TICK_S
-            # Sleep until the next tick, or until a producer rings: caller audio is read the moment it lands.
-            delay = next_tick - time.monotonic()
-            if delay > 0:
-                if self.doorbell is not None:
-                    self.doorbell.wait(delay)
-                else:
-                    time.sleep(delay)
+            if time.monotonic() - started > AUDIO_TICK_S:  # one pass took longer than a tick: count it
+                self.audio_tick_overruns += 1
+            # Sleep until a producer rings (caller audio landed) or the scheduler rings (reply audio queued);
+            # the doorbell is drained before wait() returns and rung after every write, so nothing written
+            # during the pass is missed. Reply audio still waiting for room in egress is retried every tick.
+            timeout = AUDIO_TICK_S if backlog else AUDIO_IDLE_WAIT_S
+            if self.doorbell is not None:
+                self.doorbell.wait(timeout)
+            else:
+                time.sleep(AUDIO_TICK_S)
 
-    def _pump(self, s: DuplexSession, buf: np.ndarray) -> None:
+    def _pump(self, s: DuplexSession, buf: np.ndarray) -> bool:
+        """Move caller audio to the adapter and queued reply audio into egress; True if some is still queued."""
         ingress = s.rings.ingress
         while True:
             n = ingress.read_into(buf)
@@ -418,13 +428,14 @@ class Engine:
             while s.outbox:
                 c = s.outbox[0]
                 if not egress.write_chunk(c.epoch, c.turn_id, c.seq, c.pcm):
-                    break  # the media side has not made room yet; keep it for the next tick
+                    return True  # the media side has not made room yet; retry at the next tick
                 s.outbox.popleft()
                 n_out = c.pcm.shape[0]
                 s.stats.output_samples += n_out
                 if c.turn_id != s.written_turn_id:
                     s.written_turn_id, s.written_turn_samples = c.turn_id, 0
                 s.written_turn_samples += n_out
+        return False
 
     # --- scheduler thread -----------------------------------------------------------------------------------
     def _scheduler_loop(self) -> None:

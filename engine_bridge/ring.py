@@ -23,6 +23,12 @@ Ordering: the producer copies data, then publishes the write cursor; the consume
 read cursor. Aligned 8-byte stores are atomic on the platforms we run on (x86-64, aarch64), and CPython's
 interpreter loop plus the GIL-release points give program order for these numpy stores on x86's TSO model.
 
+Hot path: the ingress ring's ``write``/``read_into`` run once per 20 ms frame per session on each side. When the
+optional C core ``engine_bridge._ringcore`` is built (it is compiled at install; ``NATIVE`` says whether it was),
+they are one C call each over the same layout, with acquire/release atomics on the cursors; otherwise the
+pure-Python methods below run, and the tests exercise both. Every page of a segment is mapped when it is created
+or attached, so no frame pays a page fault.
+
 Invariants (checked): capacity is a power of two; cursors only grow; ``0 <= write - read <= capacity``. A producer
 that would overrun the consumer never overwrites unread data: it drops the new frame and counts an overrun.
 
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import mmap
 import os
 import secrets
 import struct
@@ -47,7 +54,15 @@ from typing import ClassVar, Final
 
 import numpy as np
 
+try:  # the per-frame ingress path in C; optional (see engine_bridge/_ringcore.c and pyproject.toml)
+    from engine_bridge import _ringcore
+except ImportError:  # not built (no compiler at install time): the pure-Python path below is used
+    _ringcore = None
+
 log = logging.getLogger(__name__)
+
+#: True when IngressRing.write/read_into run in C (engine_bridge._ringcore); False on the pure-Python path.
+NATIVE: Final = _ringcore is not None
 
 MAGIC: Final = 0x4C4B4F52  # "LKOR"
 VERSION: Final = 1
@@ -105,6 +120,15 @@ class ChunkInfo:
     nsamples: int
 
 
+def _prefault(data: memoryview) -> None:
+    """Map every page of the segment into this process now, at session set-up, rather than on the first frame
+    that touches it. A first touch is a page fault (kernel entry, and a hypervisor exit on a VM); without this,
+    every 4 KiB of audio cost one on each side for the ring's first lap (~1,700 faults per 10 s of 50 streams in
+    benchmarks/ring_ipc.py). Reading one byte per page is enough: shared memory is mapped writable on a read fault.
+    """
+    np.frombuffer(data, dtype=np.uint8)[:: mmap.PAGESIZE].sum()
+
+
 def is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -151,6 +175,7 @@ class _Ring:
         self._words = buf[:HEADER_BYTES].cast("Q")
         self._data = buf[HEADER_BYTES : HEADER_BYTES + capacity]
         self._closed = False
+        _prefault(self._data)
 
     # --- construction --------------------------------------------------------------------------------------
     @classmethod
@@ -269,6 +294,7 @@ class _Ring:
             return
         self._closed = True
         # Release our views first: SharedMemory.close() refuses while exported buffers are alive.
+        self._release_fast_path()
         self._words.release()
         self._data.release()
         try:
@@ -282,8 +308,12 @@ class _Ring:
         # A ring dropped without close(): release the views so SharedMemory's own finalizer can unmap quietly.
         if not getattr(self, "_closed", True):
             self._closed = True
+            self._release_fast_path()
             self._words.release()
             self._data.release()
+
+    def _release_fast_path(self) -> None:
+        """Drop a native core's export of the segment (subclasses that have one)."""
 
     def unlink(self) -> None:
         """Remove the segment name (any side may do it when the owner is known to be gone)."""
@@ -301,13 +331,38 @@ class IngressRing(_Ring):
 
     kind = RingKind.INGRESS
 
-    @classmethod
-    def create(cls, capacity_samples: int, sample_rate: int, name: str | None = None) -> IngressRing:
-        return cls(cls._create_segment(capacity_samples * 2, sample_rate, name), owner=True)
+    def __init__(self, shm: shared_memory.SharedMemory, *, owner: bool, native: bool = NATIVE) -> None:
+        super().__init__(shm, owner=owner)
+        self._core = None
+        if native:
+            if _ringcore is None:
+                raise RingError("the native ring core (engine_bridge._ringcore) is not built")
+            # The C core implements exactly write() and read_into() below; binding its methods on the instance
+            # makes a per-frame call one C call instead of a Python frame plus a C call.
+            self._core = _ringcore.IngressCore(shm.buf, self.name, RingError)
+            self.write = self._core.write  # type: ignore[method-assign]
+            self.read_into = self._core.read_into  # type: ignore[method-assign]
+
+    def _release_fast_path(self) -> None:
+        if self._core is not None:
+            del self.write, self.read_into  # back to the Python methods, which fail cleanly on a closed ring
+            self._core.release()
+            self._core = None
+
+    @property
+    def native(self) -> bool:
+        """True when write/read_into run in C."""
+        return self._core is not None
 
     @classmethod
-    def attach(cls, name: str) -> IngressRing:
-        return cls(cls._attach_segment(name), owner=False)
+    def create(
+        cls, capacity_samples: int, sample_rate: int, name: str | None = None, *, native: bool = NATIVE
+    ) -> IngressRing:
+        return cls(cls._create_segment(capacity_samples * 2, sample_rate, name), owner=True, native=native)
+
+    @classmethod
+    def attach(cls, name: str, *, native: bool = NATIVE) -> IngressRing:
+        return cls(cls._attach_segment(name), owner=False, native=native)
 
     @property
     def capacity_samples(self) -> int:
@@ -319,12 +374,18 @@ class IngressRing(_Ring):
 
     # write() and read_into() run once per 20 ms frame per session on both sides, so they are written out flat:
     # no helper calls, the header words and the data through memoryviews, each invariant checked once.
-    def write(self, pcm: np.ndarray) -> bool:
-        """Append ``pcm`` (int16). Returns False, counting an overrun, if the consumer has not made room."""
-        if pcm.dtype != _INT16 or pcm.ndim != 1:
-            raise TypeError("ingress audio must be a 1-D int16 array")
-        src = memoryview(pcm).cast("B")
+    def write(self, pcm: np.ndarray | bytes | bytearray) -> bool:
+        """Append PCM16: a 1-D int16 array or bytes of even length. Returns False, counting an overrun, if the
+        consumer has not made room (never overwrites)."""
+        if isinstance(pcm, bytes | bytearray):
+            src = memoryview(pcm)
+        elif isinstance(pcm, np.ndarray) and pcm.dtype == _INT16 and pcm.ndim == 1:
+            src = memoryview(pcm).cast("B")
+        else:
+            raise TypeError("ingress audio must be 1-D int16 PCM (an int16 array or bytes)")
         n = len(src)
+        if n & 1:
+            raise ValueError("ingress audio must be whole int16 samples (an even byte count)")
         cap = self.capacity_bytes
         words = self._words
         w = words[_W_WRITE]
@@ -350,6 +411,8 @@ class IngressRing(_Ring):
 
     def read_into(self, out: np.ndarray) -> int:
         """Copy up to ``len(out)`` samples into ``out`` (int16); returns how many were copied."""
+        if out.dtype != _INT16 or out.ndim != 1:
+            raise TypeError("ingress audio must be read into a 1-D int16 array")
         words = self._words
         r = words[_W_READ]
         used = words[_W_WRITE] - r

@@ -126,6 +126,9 @@ class DuplexSession:
         #: "what was written to egress", the playout estimate when the media side reports none.
         self.written_turn_id = 0
         self.written_turn_samples = 0
+        #: Called (from whichever thread queued it) when reply audio lands in the outbox, so the engine's audio
+        #: thread moves it into egress now rather than at its next fallback wake-up.
+        self.on_output: Callable[[], None] | None = None
 
     # --- timeline -------------------------------------------------------------------------------------------
     @property
@@ -164,7 +167,9 @@ class DuplexSession:
             if epoch != self.epoch:
                 return False
             self.outbox.append(OutChunk(epoch, turn_id, seq, pcm))
-            return True
+        if self.on_output is not None:
+            self.on_output()
+        return True
 
     def snapshot(self) -> dict[str, Any]:
         st = self.stats

@@ -1,10 +1,15 @@
-"""Shared-memory rings: wraparound, overrun, stale epochs, invariants, ownership and the janitor."""
+"""Shared-memory rings: wraparound, overrun, stale epochs, invariants, ownership and the janitor.
+
+The ingress ring's write/read_into have two implementations, the C core (engine_bridge/_ringcore.c, used when it
+is built) and the pure-Python reference path; every ingress test runs against each one that is available.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import multiprocessing as mp
 import os
+import resource
 import subprocess
 import sys
 import textwrap
@@ -14,6 +19,7 @@ import numpy as np
 import pytest
 
 from engine_bridge.ring import (
+    NATIVE,
     EgressRing,
     IngressRing,
     RingError,
@@ -23,16 +29,21 @@ from engine_bridge.ring import (
     unlink_segment,
 )
 
+#: The ingress implementations to test: the Python path always, the C core when it is built.
+PATHS = [pytest.param(False, id="python")] + ([pytest.param(True, id="native")] if NATIVE else [])
+
 
 def test_capacity_must_be_power_of_two() -> None:
     with pytest.raises(ValueError):
         IngressRing.create(1000, 16000)
 
 
-def test_ingress_wraparound_is_bit_exact() -> None:
-    ring = IngressRing.create(1024, 16000)
+@pytest.mark.parametrize("native", PATHS)
+def test_ingress_wraparound_is_bit_exact(native: bool) -> None:
+    ring = IngressRing.create(1024, 16000, native=native)
     try:
-        reader = IngressRing.attach(ring.name)
+        assert ring.native is native
+        reader = IngressRing.attach(ring.name, native=native)
         out = np.zeros(1024, dtype=np.int16)
         rng = np.random.default_rng(1)
         sent: list[np.ndarray] = []
@@ -52,8 +63,9 @@ def test_ingress_wraparound_is_bit_exact() -> None:
         ring.close()
 
 
-def test_overrun_is_detected_counted_and_never_corrupts() -> None:
-    ring = IngressRing.create(1024, 16000)
+@pytest.mark.parametrize("native", PATHS)
+def test_overrun_is_detected_counted_and_never_corrupts(native: bool) -> None:
+    ring = IngressRing.create(1024, 16000, native=native)
     try:
         a = np.arange(600, dtype=np.int16)
         b = np.arange(600, 1200, dtype=np.int16)
@@ -70,6 +82,71 @@ def test_overrun_is_detected_counted_and_never_corrupts() -> None:
             ring.write(np.zeros(2048, dtype=np.int16))
         with pytest.raises(TypeError):
             ring.write(np.zeros(10, dtype=np.float32))
+    finally:
+        ring.close()
+
+
+@pytest.mark.parametrize("native", PATHS)
+def test_ingress_takes_bytes_and_rejects_what_is_not_pcm16(native: bool) -> None:
+    ring = IngressRing.create(1024, 16000, native=native)
+    try:
+        pcm = np.arange(-160, 160, dtype=np.int16)
+        assert ring.write(pcm.tobytes())  # what a decoded base64 append is
+        assert ring.write(bytearray(pcm.tobytes()))
+        out = np.zeros(640, dtype=np.int16)
+        assert ring.read_into(out) == 640
+        assert np.array_equal(out, np.concatenate([pcm, pcm]))
+        with pytest.raises(ValueError):
+            ring.write(b"\x01\x02\x03")  # half a sample
+        with pytest.raises(TypeError):
+            ring.write(np.zeros((2, 160), dtype=np.int16))
+        with pytest.raises(TypeError):
+            ring.read_into(np.zeros(10, dtype=np.float32))
+        assert ring.write_cursor == ring.read_cursor == 1280  # refused writes moved nothing
+    finally:
+        ring.close()
+
+
+@pytest.mark.parametrize("native", PATHS)
+def test_ingress_broken_cursors_raise_instead_of_copying(native: bool) -> None:
+    """A header whose cursors contradict each other (a bug or a foreign writer) is an error on both sides."""
+    ring = IngressRing.create(1024, 16000, native=native)
+    try:
+        reader = IngressRing.attach(ring.name, native=native)
+        ring._words[16] = 4096  # read cursor ahead of the write cursor (word 16 = byte 128)
+        with pytest.raises(RingError):
+            ring.write(np.zeros(10, dtype=np.int16))
+        with pytest.raises(RingError):
+            reader.read_into(np.zeros(10, dtype=np.int16))
+        ring._words[16] = 0
+        ring._words[8] = 1 << 20  # more written than the ring holds
+        with pytest.raises(RingError):
+            reader.read_into(np.zeros(10, dtype=np.int16))
+        ring._words[8] = 0
+        reader.close()
+        with pytest.raises(ValueError):  # a closed ring refuses politely, whatever the path
+            reader.read_into(np.zeros(10, dtype=np.int16))
+    finally:
+        ring.close()
+    with pytest.raises(ValueError):
+        ring.write(np.zeros(10, dtype=np.int16))
+
+
+def test_rings_are_mapped_at_set_up_so_frames_take_no_page_faults() -> None:
+    """Both sides map every page when they create or attach; without that each 4 KiB of audio faulted once."""
+    ring = IngressRing.create(1 << 16, 16000)  # 128 KiB: 32 pages
+    try:
+        reader = IngressRing.attach(ring.name)
+        frame = np.ones(320, dtype=np.int16)
+        out = np.zeros(320, dtype=np.int16)
+        ring.write(frame), reader.read_into(out)  # warm the code paths themselves
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(220):  # a full lap of the ring on both sides
+            ring.write(frame)
+            reader.read_into(out)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        assert faults < 16, f"{faults} page faults in one lap of a prefaulted ring (64 without prefaulting)"
+        reader.close()
     finally:
         ring.close()
 
@@ -176,8 +253,8 @@ def test_janitor_removes_orphans_of_dead_creators_only() -> None:
         unlink_segment(orphan)
 
 
-def _consume(name: str, frames: int, frame_samples: int, q: mp.Queue) -> None:
-    ring = IngressRing.attach(name)
+def _consume(name: str, frames: int, frame_samples: int, native: bool, q: mp.Queue) -> None:
+    ring = IngressRing.attach(name, native=native)
     out = np.zeros(frame_samples, dtype=np.int16)
     digest = hashlib.sha256()
     got = 0
@@ -193,13 +270,14 @@ def _consume(name: str, frames: int, frame_samples: int, q: mp.Queue) -> None:
     q.put((digest.hexdigest(), total))
 
 
-def test_two_processes_exchange_ten_minutes_bit_exact() -> None:
+@pytest.mark.parametrize("native", PATHS)
+def test_two_processes_exchange_ten_minutes_bit_exact(native: bool) -> None:
     """10 minutes of 20 ms frames at 16 kHz (30,000 frames) through a real second process, faster than real time."""
     frames, fs = 30_000, 320
-    ring = IngressRing.create(4096, 16000)
+    ring = IngressRing.create(4096, 16000, native=native)
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
-    proc = ctx.Process(target=_consume, args=(ring.name, frames, fs, q))
+    proc = ctx.Process(target=_consume, args=(ring.name, frames, fs, native, q))
     t0 = time.monotonic()
     proc.start()
     try:
