@@ -55,8 +55,8 @@ figures from ``CLOCK_PROCESS_CPUTIME_ID`` (the same kernel counter, in ns) are i
   the transports: tick wake-ups, stamping, header, CRC-32 and the ``await`` of a send that does nothing.
 * consumer floor: the ``null`` consumer's CPU per frame at the same stream count (an idle process waiting, about
   zero: it shows the process itself costs nothing) plus the verification step measured in place on every
-  transport: ``time.thread_time_ns()`` around every ``Tally.take`` call (thread CPU, so no other thread leaks
-  in), plus one clock call per frame, calibrated in the consumer before ``t0``, for the half of the two clock
+  transport: ``time.thread_time_ns()`` around every ``Tally.take(frame, monotonic_ns())`` call, the latency
+  stamp included (thread CPU, so no other thread leaks in), plus one clock call per frame, calibrated in the consumer before ``t0``, for the half of the two clock
   calls per frame that the brackets cannot see. The instrumentation is harness too, identical on every row.
 
 ``transport CPU per frame = (producer total - producer floor) + (consumer total - consumer floor)``. What stays
@@ -85,7 +85,7 @@ need no such choice.
 
 Where the ring's remaining CPU goes (measured on the 2-vCPU CI VM): ``write`` and ``read_into`` are one C call
 each (``engine_bridge._ringcore``; the pure-Python path is ~2 us slower per call and is what runs when the
-extension is not built, see the ``ring_native`` key); every page of the segments is mapped at set-up, so no
+extension is not built, see the ``ring_native`` key; ``--pure-python`` measures it); every page of the segments is mapped at set-up, so no
 frame takes a page fault; what is left is mostly the price of touching memory right after a wake-up (a few us
 per ring on this VM, for any code) and the wake-up itself (~100 us of CPU, shared by the tick's frames).
 
@@ -163,6 +163,8 @@ class Cfg:
     run_dir: str  # a private temporary folder (ZMQ ipc endpoint)
     #: The ring consumer sleeps on the engine's doorbell (engine_bridge.doorbell) rather than a timer.
     doorbell: bool = True
+    #: The ring's write/read_into in C (engine_bridge._ringcore) rather than the pure-Python path.
+    native: bool = NATIVE
 
     @property
     def total(self) -> int:
@@ -243,9 +245,9 @@ class Source:
 class Tally:
     """Checks what arrived (sequence, CRC chain per stream) and records the hand-off latency of each frame.
 
-    Every transport's consumer calls ``take`` once per frame, in the same way, between two thread-CPU clock
-    reads whose difference it adds to ``verify_ns`` (the call included), so that the verification can be
-    subtracted from the consumer's total as harness.
+    Every transport's consumer calls ``take(frame, monotonic_ns())`` once per frame, in the same way, between
+    two thread-CPU clock reads whose difference it adds to ``verify_ns`` (the call and the latency stamp
+    included), so that the measurement can be subtracted from the consumer's total as harness.
     """
 
     def __init__(self, streams: int, total: int) -> None:
@@ -307,7 +309,7 @@ class RingSender(Sender):
 
     async def setup(self, cfg: Cfg) -> dict[str, Any]:
         for _ in range(cfg.streams):
-            self.rings.append(IngressRing.create(RING_CAPACITY_SAMPLES, SAMPLE_RATE))
+            self.rings.append(IngressRing.create(RING_CAPACITY_SAMPLES, SAMPLE_RATE, native=cfg.native))
         return {"names": [r.name for r in self.rings]}
 
     async def connect(self, peer: dict[str, Any]) -> None:
@@ -505,7 +507,7 @@ class RingSink(Sink):
 
     async def connect(self, peer: dict[str, Any]) -> None:
         for name in peer["names"]:
-            self.rings.append(IngressRing.attach(name))
+            self.rings.append(IngressRing.attach(name, native=self.cfg.native))
 
     async def run(self, hard_deadline_ns: int) -> None:
         # The poll is a plain blocking loop, like the engine's audio thread; nothing else runs on this loop.
@@ -534,12 +536,11 @@ class RingSink(Sink):
                 if not n:
                     continue
                 got = True
-                now = monotonic_ns()
                 if n % FRAME_SAMPLES:
                     raise RuntimeError(f"ring {rings[i].name}: read {n} samples, not whole frames")
                 for k in range(n // FRAME_SAMPLES):
                     t = thread_time_ns()
-                    take(frames[k], now)
+                    take(frames[k], monotonic_ns())
                     tally.verify_ns += thread_time_ns() - t
             if tally.done or monotonic_ns() > hard_deadline_ns:
                 break
@@ -577,9 +578,8 @@ class WsSink(Sink):
             if obj["type"] != "session.input_audio.append":
                 continue
             frame = np.frombuffer(base64.b64decode(obj["audio"]), dtype=np.int16)
-            now = time.monotonic_ns()
             t = time.thread_time_ns()
-            tally.take(frame, now)
+            tally.take(frame, time.monotonic_ns())
             tally.verify_ns += time.thread_time_ns() - t
             if tally.done:
                 self.done.set()
@@ -642,9 +642,8 @@ class ZmqSink(Sink):
                     return
                 continue
             frame = np.frombuffer(msg, dtype=np.int16)
-            now = monotonic_ns()
             t = time.thread_time_ns()
-            tally.take(frame, now)
+            tally.take(frame, monotonic_ns())
             tally.verify_ns += time.thread_time_ns() - t
 
     async def close(self) -> None:
@@ -986,8 +985,8 @@ LEGEND: Final = """\
 CPU columns are microseconds of CPU per frame delivered (psutil user+system of each whole process over its window).
   prod tot / cons tot / sum tot: everything each process burnt, nothing subtracted.
   prod flr: the null producer at the same stream count (tick loop, stamp, header, CRC-32, no-op send).
-  cons flr: the null consumer at the same stream count (idle, ~0) + this row's verification (Tally.take),
-            timed in place with thread_time_ns on every transport, instrumentation included.
+  cons flr: the null consumer at the same stream count (idle, ~0) + this row's verification (Tally.take and
+            the latency stamp), timed around each call with thread_time_ns on every transport.
   TRANSP = sum tot - prod flr - cons flr: the transport's own CPU, both sides; (hr) = the same on the ns clock.
   The floors and totals are separate measurements on a shared box: small differences are noise and can go negative.
 Latency: producer stamp just before the hand-off -> consumer holds the int16 frame; frames of a tick go back to
@@ -1059,7 +1058,7 @@ def _summary(
         } or None
     measured = [r for r in results if r["transport"] != BASELINE]
     out["all_delivered_exact"] = bool(measured) and all(r["exact"] for r in measured)
-    out["ring_native"] = NATIVE  # write/read_into in C (engine_bridge._ringcore) or the pure-Python fallback
+    out["ring_native"] = NATIVE and not args.pure_python  # write/read_into in C, or the pure-Python path
     out["targets"] = {"ring_vs_ws_cpu_ratio_min": TARGET_RATIO, "ring_p99_ms_at_50_max": TARGET_P99_MS}
     ratio, total_ratio, p99 = (
         out["ring_vs_ws_cpu_ratio"],
@@ -1108,6 +1107,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="ring consumer: wait after each pass over all rings: on the doorbell with this safety-net timeout "
         "(default 100000, the engine's AUDIO_IDLE_WAIT_S) or, with --no-doorbell, a plain sleep (default 500)",
+    )
+    ap.add_argument(
+        "--pure-python",
+        action="store_true",
+        help="run the ring's pure-Python write/read_into even when the C core is built (what a machine "
+        "without a compiler gets)",
     )
     ap.add_argument(
         "--no-doorbell",
@@ -1177,7 +1182,13 @@ def _run(args: argparse.Namespace) -> int:
                 for transport in args.transports:
                     prod, cons = pairs[transport]
                     cfg = Cfg(
-                        transport, n, frames, args.poll_sleep_us / 1e6, run_dir, doorbell=not args.no_doorbell
+                        transport,
+                        n,
+                        frames,
+                        args.poll_sleep_us / 1e6,
+                        run_dir,
+                        doorbell=not args.no_doorbell,
+                        native=NATIVE and not args.pure_python,
                     )
                     _log(f"[{transport}] {n} stream(s), {frames} frames each ({args.duration:g} s) ...")
                     r = _run_config(prod, cons, cfg, ring_names)
@@ -1215,7 +1226,7 @@ def _run(args: argparse.Namespace) -> int:
         f"{_fmt(summary['ring_vs_ws_total_cpu_ratio'], '.2f')}x in totals (target >= {TARGET_RATIO:g}x); "
         f"ring p99 at 50 streams: {_fmt(summary['ring_p99_ms_at_50'], '.3f')} ms (target <= {TARGET_P99_MS:g} ms); "
         f"all delivered bit-exact: {summary['all_delivered_exact']}; "
-        f"ring path: {'C (engine_bridge._ringcore)' if NATIVE else 'pure Python (extension not built)'}"
+        f"ring path: {'C (engine_bridge._ringcore)' if summary['ring_native'] else 'pure Python'}"
     )
     print(json.dumps(summary), flush=True)
     return 0 if summary["all_delivered_exact"] else 1
