@@ -54,6 +54,7 @@ class SessionDriver:
             return
         if frame is not None:
             s.rings.ingress.write(frame)
+            s.ring_doorbell()  # as the media plane's IngressWriter does: the engine reads it now
             self.input_frames += 1
         eg = s.rings.egress
         epoch = eg.epoch

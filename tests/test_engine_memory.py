@@ -26,6 +26,7 @@ async def use_one_session(client: EngineClient, i: int) -> None:
     async with asyncio.timeout(60):
         while True:
             session.rings.ingress.write(silence)
+            session.ring_doorbell()
             while (info := session.rings.egress.read_chunk(out)) is not None:
                 got += info.nsamples
             ev = None

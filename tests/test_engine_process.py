@@ -154,6 +154,7 @@ async def main():
     frame = np.full(320, 1000, dtype=np.int16)
     for i in range(400):
         s.rings.ingress.write(frame)
+        s.ring_doorbell()
         while (info := s.rings.egress.read_chunk(out)) is not None:
             got += info.nsamples
         if i == 50:
@@ -193,6 +194,7 @@ async def main():
     got = 0
     for _ in range(50):
         s.rings.ingress.write(np.full(320, 5, dtype=np.int16))
+        s.ring_doorbell()
         await asyncio.sleep(0.02)
         while (info := s.rings.egress.read_chunk(out)) is not None:
             got += info.nsamples
