@@ -519,10 +519,15 @@ async def test_loopback_echo_in_each_format(server: ServerProcess, name: str) ->
         assert all(20 <= n / bps / rate * 1000 <= 100 for n in sizes), sorted(set(sizes))
         out = decode(bytes(c.audio), name)
         assert elapsed * 0.85 <= len(out) / rate <= elapsed * 1.2 + 0.3
-        # The 1 s tone comes back once, at 440 Hz, about the loopback delay later. (The loopback releases echo only
-        # when input arrives, in 100 ms appends here, so a late append on a busy machine can leave a short gap.)
+        # The 1 s tone comes back once, at 440 Hz, about the loopback delay later. The loopback releases echo only
+        # when input arrives, in 100 ms appends here, so a late append on a busy machine can leave short gaps of
+        # silence inside the echo (each gap also splits a 20 ms frame, so frame counts vary): "once" is checked on
+        # the energy, which gaps do not change and a lost or repeated stretch would.
+        echo_energy = float(np.sum(out.astype(np.float64) ** 2))
+        tone_energy = float(np.sum(tone(1.0, rate).astype(np.float64) ** 2))
+        assert 0.95 <= echo_energy / tone_energy <= 1.05, echo_energy / tone_energy  # one 100 ms append = 10%
         loud = loud_frames(out, rate)
-        assert 45 <= len(loud) <= 53, len(loud)
+        assert len(loud) >= 45, len(loud)
         assert loud[-1] - loud[0] < 70
         seg = out[loud[0] * rate // 50 : (loud[-1] + 1) * rate // 50]
         assert abs(dominant_hz(seg, rate) - 440) < 10
