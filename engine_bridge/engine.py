@@ -35,6 +35,7 @@ from engine_bridge.adapters import ModelAdapter, make_adapter
 from engine_bridge.config import EngineSettings
 from engine_bridge.control import Address, ControlServer, ServerConnection
 from engine_bridge.doorbell import Doorbell
+from engine_bridge.ring import NATIVE as RING_NATIVE
 from engine_bridge.ring import RingError, RingPair, remove_orphan_segments
 from engine_bridge.session import DuplexSession, InterruptRequest, MuteChange, TextAppend
 
@@ -204,6 +205,7 @@ class Engine:
             "uptime_s": round(time.monotonic() - self.started_at, 1),
             "rss_bytes": psutil.Process().memory_info().rss,
             "doorbell": str(self.doorbell.path) if self.doorbell else "",
+            "ring_native": RING_NATIVE,  # the ingress ring's per-frame path is the C core (else pure Python)
             "audio_tick_overruns": self.audio_tick_overruns,
             **self.adapter.describe(),
         }

@@ -19,7 +19,7 @@ import pytest
 from engine_bridge import protocol as p
 from engine_bridge.client import EngineClient
 from engine_bridge.control import EngineRequestError
-from engine_bridge.ring import list_our_segments
+from engine_bridge.ring import NATIVE, list_our_segments
 from tests.conftest import ROOT, EngineProcess, connect_engine, spawn_engine, start_server
 
 
@@ -237,6 +237,7 @@ def test_serve_attaches_to_a_separately_started_engine() -> None:
             body = server.health()[1]
             assert body["engine"]["attached"] is True
             assert body["engine"]["engine_pid"] == eng.pid
+            assert body["engine"]["ring_native"] is NATIVE  # which ring path the engine runs, for operators
         finally:
             server.stop()
         assert eng.poll() is None, "stopping an attached server must not stop the engine"
