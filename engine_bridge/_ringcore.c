@@ -47,14 +47,6 @@ core_check_open(IngressCore *self)
     return 0;
 }
 
-static PyObject *
-core_broken(IngressCore *self, uint64_t w, uint64_t r)
-{
-    PyErr_Format(self->ring_error, "ring %S invariant broken: write=%llu read=%llu capacity=%llu", self->name,
-                 (unsigned long long)w, (unsigned long long)r, (unsigned long long)self->capacity);
-    return NULL;
-}
-
 /* Get PCM16 as a 1-D C-contiguous buffer: audio to write may be int16 ('h') or bytes ('B', 'b', 'c') of even
  * length; a destination to read into must be int16 (writable), as ring.py's Python path requires. */
 static int
@@ -145,6 +137,38 @@ IngressCore_dealloc(IngressCore *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* The byte copies with wraparound, shared by write and read_into: `pos` is a monotonic cursor, `n` <= capacity. */
+static inline void
+ring_copy_in(IngressCore *self, uint64_t pos, const unsigned char *src, uint64_t n)
+{
+    uint64_t start = pos & (self->capacity - 1);
+    uint64_t first = self->capacity - start < n ? self->capacity - start : n;
+    memcpy(self->data + start, src, first);
+    memcpy(self->data, src + first, n - first);
+}
+
+static inline void
+ring_copy_out(IngressCore *self, uint64_t pos, unsigned char *dst, uint64_t n)
+{
+    uint64_t start = pos & (self->capacity - 1);
+    uint64_t first = self->capacity - start < n ? self->capacity - start : n;
+    memcpy(dst, self->data + start, first);
+    memcpy(dst + first, self->data, n - first);
+}
+
+/* Bytes written and not yet read, or -1 (RingError set) when the cursors contradict each other. */
+static inline int64_t
+ring_used(IngressCore *self, uint64_t w, uint64_t r)
+{
+    if (r > w || w - r > self->capacity) {
+        PyErr_Format(self->ring_error, "ring %S invariant broken: write=%llu read=%llu capacity=%llu",
+                     self->name, (unsigned long long)w, (unsigned long long)r,
+                     (unsigned long long)self->capacity);
+        return -1;
+    }
+    return (int64_t)(w - r);
+}
+
 PyDoc_STRVAR(write_doc,
 "write(pcm) -> bool\n\n"
 "Append PCM16 (an int16 array or bytes of even length). Returns False and counts an overrun when the consumer\n"
@@ -161,31 +185,23 @@ IngressCore_write(IngressCore *self, PyObject *pcm)
         return NULL;
     }
     uint64_t n = (uint64_t)src.len;
-    uint64_t cap = self->capacity;
     uint64_t *words = self->words;
     uint64_t w = __atomic_load_n(&words[W_WRITE], __ATOMIC_RELAXED); /* only we write it */
-    uint64_t r = __atomic_load_n(&words[W_READ], __ATOMIC_ACQUIRE);
-    uint64_t used = w - r;
-    if (r > w || used > cap) {
+    int64_t used = ring_used(self, w, __atomic_load_n(&words[W_READ], __ATOMIC_ACQUIRE));
+    if (used < 0 || self->capacity - (uint64_t)used < n) {
         PyBuffer_Release(&src);
-        return core_broken(self, w, r);
-    }
-    if (cap - used < n) {
-        PyBuffer_Release(&src);
-        if (n > cap) {
+        if (used < 0) {
+            return NULL;
+        }
+        if (n > self->capacity) {
             PyErr_Format(PyExc_ValueError, "frame of %llu bytes is larger than the ring (%llu bytes)",
-                         (unsigned long long)n, (unsigned long long)cap);
+                         (unsigned long long)n, (unsigned long long)self->capacity);
             return NULL;
         }
         __atomic_store_n(&words[W_OVERRUNS], words[W_OVERRUNS] + 1, __ATOMIC_RELAXED);
         Py_RETURN_FALSE;
     }
-    uint64_t start = w & (cap - 1);
-    uint64_t first = cap - start < n ? cap - start : n;
-    memcpy(self->data + start, src.buf, first);
-    if (first < n) {
-        memcpy(self->data, (const unsigned char *)src.buf + first, n - first);
-    }
+    ring_copy_in(self, w, (const unsigned char *)src.buf, n);
     PyBuffer_Release(&src);
     __atomic_store_n(&words[W_WRITE], w + n, __ATOMIC_RELEASE); /* publish after the copy */
     Py_RETURN_TRUE;
@@ -193,7 +209,7 @@ IngressCore_write(IngressCore *self, PyObject *pcm)
 
 PyDoc_STRVAR(read_into_doc,
 "read_into(out) -> int\n\n"
-"Copy up to len(out) samples into out (a writable int16 array or bytearray); returns how many were copied.");
+"Copy up to len(out) samples into out (a writable 1-D int16 array); returns how many were copied.");
 
 static PyObject *
 IngressCore_read_into(IngressCore *self, PyObject *out)
@@ -201,36 +217,21 @@ IngressCore_read_into(IngressCore *self, PyObject *out)
     if (core_check_open(self) < 0) {
         return NULL;
     }
-    uint64_t *words = self->words;
-    uint64_t r = __atomic_load_n(&words[W_READ], __ATOMIC_RELAXED); /* only we write it */
-    uint64_t w = __atomic_load_n(&words[W_WRITE], __ATOMIC_ACQUIRE);
-    uint64_t cap = self->capacity;
-    uint64_t used = w - r;
-    if (r > w || used > cap) {
-        return core_broken(self, w, r);
-    }
-    if (used == 0) {
-        /* Still validate `out`, so a bad buffer fails on the first call, not on the first audio. */
-        Py_buffer probe;
-        if (get_pcm_buffer(out, &probe, 1) < 0) {
-            return NULL;
-        }
-        PyBuffer_Release(&probe);
-        return PyLong_FromLong(0);
-    }
     Py_buffer dst;
     if (get_pcm_buffer(out, &dst, 1) < 0) {
         return NULL;
     }
-    uint64_t n = used < (uint64_t)dst.len ? used : (uint64_t)dst.len;
+    uint64_t *words = self->words;
+    uint64_t r = __atomic_load_n(&words[W_READ], __ATOMIC_RELAXED); /* only we write it */
+    int64_t used = ring_used(self, __atomic_load_n(&words[W_WRITE], __ATOMIC_ACQUIRE), r);
+    if (used < 0) {
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    uint64_t n = (uint64_t)used < (uint64_t)dst.len ? (uint64_t)used : (uint64_t)dst.len;
     n &= ~(uint64_t)1;
     if (n) {
-        uint64_t start = r & (cap - 1);
-        uint64_t first = cap - start < n ? cap - start : n;
-        memcpy(dst.buf, self->data + start, first);
-        if (first < n) {
-            memcpy((unsigned char *)dst.buf + first, self->data, n - first);
-        }
+        ring_copy_out(self, r, (unsigned char *)dst.buf, n);
         __atomic_store_n(&words[W_READ], r + n, __ATOMIC_RELEASE); /* publish after the copy */
     }
     PyBuffer_Release(&dst);
