@@ -1,9 +1,10 @@
-"""A doorbell from ring producers to the engine's audio thread: a named FIFO next to the engine's socket.
+"""A doorbell to the engine's audio thread: a named FIFO next to the engine's socket.
 
 Why: a consumer that polls rings on a timer pays for every empty pass (most of the ring's CPU cost in
-``benchmarks/ring_ipc.py``) and adds up to a tick of latency. With the doorbell the audio thread sleeps in
-``select`` until a producer has written something (or its tick is due), so a hand-off costs one wake-up per burst,
-not one per poll. Producers coalesce: the media side rings at most once per event-loop iteration, however many
+``benchmarks/ring_ipc.py``) and adds up to a period of latency. With the doorbell the audio thread sleeps in
+``poll`` until someone has written something for it: ring producers after writing caller audio, and the engine's
+own scheduler thread after queueing reply audio (``Doorbell.ring``). A hand-off costs one wake-up per burst, not
+one per poll. Producers coalesce: the media side rings at most once per event-loop iteration, however many
 sessions it wrote to, so at 50 sessions one syscall serves 50 frames.
 
 A full FIFO (the consumer is busy) means a wake-up is already pending; extra rings are dropped on purpose.

@@ -377,6 +377,8 @@ class Engine:
             self.doorbell.ring()
 
     def _audio_loop(self) -> None:
+        bell = self.doorbell
+        assert bell is not None, "start() creates the doorbell before the audio thread"
         buf = np.zeros(READ_CHUNK_SAMPLES, dtype=np.int16)
         while not self._stop.is_set():
             started = time.monotonic()
@@ -404,11 +406,7 @@ class Engine:
             # Sleep until a producer rings (caller audio landed) or the scheduler rings (reply audio queued);
             # the doorbell is drained before wait() returns and rung after every write, so nothing written
             # during the pass is missed. Reply audio still waiting for room in egress is retried every tick.
-            timeout = AUDIO_TICK_S if backlog else AUDIO_IDLE_WAIT_S
-            if self.doorbell is not None:
-                self.doorbell.wait(timeout)
-            else:
-                time.sleep(AUDIO_TICK_S)
+            bell.wait(AUDIO_TICK_S if backlog else AUDIO_IDLE_WAIT_S)
 
     def _pump(self, s: DuplexSession, buf: np.ndarray) -> bool:
         """Move caller audio to the adapter and queued reply audio into egress; True if some is still queued."""

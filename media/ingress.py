@@ -56,8 +56,8 @@ class IngressWriter:
         rate: int = ENGINE_INPUT_RATE,
     ) -> None:
         self._session = session
-        # EngineSession.ring_doorbell wakes the engine's audio thread (coalesced per loop iteration); sessions
-        # without one (tests' stand-ins) are simply read at the engine's next tick.
+        # EngineSession.ring_doorbell wakes the engine's audio thread (coalesced per loop iteration). Stand-ins
+        # without one (tests of this module, which read the ring themselves) have no engine to wake.
         self._ring_doorbell: Callable[[], None] | None = getattr(session, "ring_doorbell", None)
         self.encoding = AudioEncoding.PCM16
         self.rate = ENGINE_INPUT_RATE
