@@ -71,6 +71,7 @@ from media.codecs import OpusDecoder, OpusEncoder
 from media.egress import EgressPlayer
 from media.ingress import IngressWriter, frame_to_mono_pcm16
 from media.webrtc import WebRTCCaller, WebRTCPeer, answer_offer, enable_loopback_ice
+from tests.speech_fixtures import voice_like
 
 STEPS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]
 REALTIME_FPS = 0.98 * 50
@@ -81,15 +82,6 @@ REALTIME_P95_GAP_MS = 60.0
 class FakeSession:
     rings: RingPair
     closed: bool = False
-
-
-def voice_like(seconds: float, rate: int = 48_000) -> np.ndarray:
-    t = np.arange(int(seconds * rate)) / rate
-    f0 = 140 + 30 * np.sin(2 * np.pi * 0.7 * t)
-    phase = 2 * np.pi * np.cumsum(f0) / rate
-    x = sum(np.sin(k * phase) / k for k in range(1, 12))
-    env = 0.5 + 0.5 * np.sin(2 * np.pi * 3 * t) ** 2
-    return (x * env * 6000).astype(np.int16)
 
 
 def _timed(fn: Callable[[int], None], frames: int, warmup: int = 200) -> float:

@@ -121,6 +121,17 @@ def noise_burst(ms: int, level_db: float = -12.0, rate: int = 16_000, seed: int 
     return np.clip(x, -32768, 32767).astype(np.int16)
 
 
+def voice_like(seconds: float, rate: int = 48_000) -> npt.NDArray[np.int16]:
+    """A harmonic voice-like signal with a moving pitch and syllable envelope (deterministic, no model needed):
+    what the codec and resampler tests and the media-plane benchmark feed through."""
+    t = np.arange(int(seconds * rate)) / rate
+    f0 = 140 + 30 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / rate
+    x = sum(np.sin(k * phase) / k for k in range(1, 12))
+    env = 0.5 + 0.5 * np.sin(2 * np.pi * 3 * t) ** 2
+    return (x * env * 6000).astype(np.int16)
+
+
 def level_dbfs(pcm: npt.NDArray[np.int16]) -> float:
     """RMS level in dBFS (RMS 32767 = 0 dB); -inf for digital silence."""
     if len(pcm) == 0:

@@ -24,6 +24,7 @@ from media.codecs import (
     ulaw_decode,
     ulaw_encode,
 )
+from tests.speech_fixtures import voice_like
 
 ALL_PCM = np.arange(-32768, 32768, dtype=np.int16)
 
@@ -192,16 +193,6 @@ def test_parse_encoding_aliases() -> None:
         parse_encoding("mp3")
 
 
-def _speechlike(seconds: float, rate: int = 48_000) -> np.ndarray:
-    """A harmonic voice-like signal with a moving pitch and syllable envelope (deterministic)."""
-    t = np.arange(int(seconds * rate)) / rate
-    f0 = 140 + 30 * np.sin(2 * np.pi * 0.7 * t)
-    phase = 2 * np.pi * np.cumsum(f0) / rate
-    x = sum(np.sin(k * phase) / k for k in range(1, 12))
-    env = 0.5 + 0.5 * np.sin(2 * np.pi * 3 * t) ** 2
-    return (x * env * 6000).astype(np.int16)
-
-
 def _align_ncc(ref: np.ndarray, out: np.ndarray, max_lag: int = 2000) -> tuple[float, int]:
     a = ref.astype(np.float64)
     b = out.astype(np.float64)
@@ -218,7 +209,7 @@ def _align_ncc(ref: np.ndarray, out: np.ndarray, max_lag: int = 2000) -> tuple[f
 
 
 def test_opus_round_trip_mono() -> None:
-    src = _speechlike(2.0)
+    src = voice_like(2.0)
     enc, dec = OpusEncoder(), OpusDecoder()
     packets = []
     for i in range(0, len(src), 777):  # odd chunking: the encoder frames it into 20 ms itself
@@ -243,7 +234,7 @@ def test_opus_round_trip_mono() -> None:
 
 
 def test_opus_stereo_input_to_mono_encoder_and_stereo_decoder() -> None:
-    mono = _speechlike(1.0)
+    mono = voice_like(1.0)
     stereo = np.stack([mono, mono], axis=1)
     enc = OpusEncoder(channels=1)
     packets = enc.encode(stereo)
