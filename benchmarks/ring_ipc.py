@@ -297,15 +297,14 @@ class Sender(abc.ABC):
 
 
 class RingSender(Sender):
-    """Writes each stream's ring, then rings the consumer's doorbell once per event-loop iteration (the same
-    coalescing as ``EngineClient.ring_doorbell``: one syscall for all the frames written in that iteration)."""
+    """Writes each stream's ring, then rings the consumer's doorbell once per event-loop iteration
+    (``DoorbellButton.ring_soon``, what ``EngineClient.ring_doorbell`` uses: one syscall for all the frames
+    written in that iteration)."""
 
     def __init__(self) -> None:
         self.rings: list[IngressRing] = []
         self.overruns = 0
         self.bell: DoorbellButton | None = None
-        self._bell_pending = False
-        self.bells = 0
 
     async def setup(self, cfg: Cfg) -> dict[str, Any]:
         for _ in range(cfg.streams):
@@ -320,15 +319,8 @@ class RingSender(Sender):
         # A full ring drops the new frame (the ring's own overrun policy); the consumer then sees a gap.
         if not self.rings[stream].write(payload):
             self.overruns += 1
-        if self.bell is not None and not self._bell_pending:
-            self._bell_pending = True
-            asyncio.get_running_loop().call_soon(self._ring)
-
-    def _ring(self) -> None:
-        self._bell_pending = False
-        self.bells += 1
-        assert self.bell is not None
-        self.bell.ring()
+        if self.bell is not None:
+            self.bell.ring_soon()
 
     async def close(self) -> None:
         for r in self.rings:
@@ -338,7 +330,7 @@ class RingSender(Sender):
             self.bell.close()
 
     def stats(self) -> dict[str, Any]:
-        return {"overruns": self.overruns, "doorbell_rings": self.bells}
+        return {"overruns": self.overruns, "doorbell_rings": self.bell.rings if self.bell else 0}
 
 
 class WsSender(Sender):

@@ -111,7 +111,6 @@ class EngineClient:
         self._control: ControlClient | None = None
         self._lost_event = asyncio.Event()
         self._bell: DoorbellButton | None = None
-        self._bell_pending = False
 
     @classmethod
     async def connect(
@@ -128,15 +127,8 @@ class EngineClient:
 
     def ring_doorbell(self) -> None:
         """Wake the engine's audio thread once for everything written in this event-loop iteration."""
-        if self._bell is None or self._bell_pending:
-            return
-        self._bell_pending = True
-        asyncio.get_running_loop().call_soon(self._ring_now)
-
-    def _ring_now(self) -> None:
-        self._bell_pending = False
         if self._bell is not None:
-            self._bell.ring()
+            self._bell.ring_soon()
 
     @property
     def hello(self) -> dict[str, Any]:

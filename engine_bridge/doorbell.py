@@ -12,6 +12,7 @@ A full FIFO (the consumer is busy) means a wake-up is already pending; extra rin
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -71,6 +72,9 @@ class DoorbellButton:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._fd: int | None = None
+        self._pending = False
+        #: Rings actually written (after coalescing).
+        self.rings = 0
         with contextlib.suppress(OSError):
             self._fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
 
@@ -78,9 +82,22 @@ class DoorbellButton:
     def connected(self) -> bool:
         return self._fd is not None
 
+    def ring_soon(self) -> None:
+        """Ring once when the running event loop finishes its current iteration, however many writes call
+        this during it: the media side writes many sessions' rings per iteration and pays one syscall."""
+        if self._fd is None or self._pending:
+            return
+        self._pending = True
+        asyncio.get_running_loop().call_soon(self._ring_pending)
+
+    def _ring_pending(self) -> None:
+        self._pending = False
+        self.ring()
+
     def ring(self) -> None:
         if self._fd is None:
             return
+        self.rings += 1
         try:
             os.write(self._fd, b"\x01")
         except BlockingIOError:
