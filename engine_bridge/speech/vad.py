@@ -177,6 +177,16 @@ def silero_model_path() -> Path:
 
 _silero_sessions: dict[int, onnxruntime.InferenceSession] = {}
 _silero_lock = threading.Lock()
+#: onnxruntime providers for Silero, set once by the engine from ``engine.device`` (see devices.py).
+_silero_providers: list[str] = ["CPUExecutionProvider"]
+
+
+def use_silero_providers(providers: list[str]) -> None:
+    """Choose where Silero runs (before the first Silero detector is built)."""
+    global _silero_providers
+    with _silero_lock:
+        _silero_providers = list(providers)
+        _silero_sessions.clear()
 
 
 def _silero_session(threads: int) -> onnxruntime.InferenceSession:
@@ -192,7 +202,7 @@ def _silero_session(threads: int) -> onnxruntime.InferenceSession:
             opts.inter_op_num_threads = 1
             opts.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
             session = onnxruntime.InferenceSession(
-                str(silero_model_path()), sess_options=opts, providers=["CPUExecutionProvider"]
+                str(silero_model_path()), sess_options=opts, providers=_silero_providers
             )
             _silero_sessions[threads] = session
         return session

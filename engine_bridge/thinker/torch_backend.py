@@ -83,6 +83,8 @@ class TorchThinkerConfig:
     #: A built-in name (``smollm2-135m-instruct``), ``tiny-random``, or a local Hugging Face folder.
     model: str = DEFAULT_MODEL
     dtype: DTypeName = DEFAULT_DTYPE
+    #: ``cpu`` or ``cuda`` (``cuda:N``): where the weights, the KV and every forward pass live.
+    device: str = "cpu"
     #: torch intra-op threads, set once at construction (process-wide). 1 is the safe default on a shared,
     #: noisy 2-core box: 2 OpenMP threads stall badly when the other core is busy (cpu-speech-stack.md §0).
     threads: int = 1
@@ -256,8 +258,9 @@ class TorchThinker(ThinkerBackend):
         # Once, here: the engine owns the process's thread budget and the thinker gets its share.
         torch.set_num_threads(cfg.threads)
         self.loaded = loaded or load_model(cfg.model, dtype=cfg.dtype, cache_dir=cfg.cache_dir)
-        self.model = self.loaded.model.eval()
-        if self.loaded.dtype == torch.float32:
+        self.device = torch.device(cfg.device)
+        self.model = self.loaded.model.to(self.device).eval()
+        if self.loaded.dtype == torch.float32 and self.device.type == "cpu":
             _transpose_linears(self.model)
         self.tokenizer = self.loaded.tokenizer
         self.fmt = ChatFormat.from_tokenizer(self.tokenizer)
@@ -286,7 +289,7 @@ class TorchThinker(ThinkerBackend):
         self._stop_ids = self.fmt.stop_token_ids
         #: Most tokens one row may feed in a batched step: the assistant header of a reply that just began.
         self._max_batch_query = len(self.fmt.reply_header)
-        self._stop_tensor = torch.tensor(sorted(self._stop_ids), dtype=torch.long)
+        self._stop_tensor = torch.tensor(sorted(self._stop_ids), dtype=torch.long, device=self.device)
         self._sessions: dict[str, _Session] = {}
         self._group: _Group | None = None
         log.info(
@@ -399,7 +402,7 @@ class TorchThinker(ThinkerBackend):
         sess.log.add_message("assistant", "", header, [], [], epoch=epoch, complete=False)
         gen = None
         if dec.temperature > 0:
-            gen = torch.Generator()
+            gen = torch.Generator(device=self.device)
             # torch.seed() would reseed the global generator as a side effect; draw from the OS instead.
             gen.manual_seed(dec.seed if dec.seed is not None else int.from_bytes(os.urandom(4), "little"))
         # The header is not prefilled here: the first step() feeds it and samples the first token in the
@@ -495,7 +498,7 @@ class TorchThinker(ThinkerBackend):
         if dec.ignore_eos:
             x[self._stop_tensor] = float("-inf")
         if dec.repetition_penalty != 1.0 and reply.generated:
-            ids = torch.tensor(sorted(set(reply.generated)), dtype=torch.long)
+            ids = torch.tensor(sorted(set(reply.generated)), dtype=torch.long, device=self.device)
             seen = x[ids]
             x[ids] = torch.where(seen > 0, seen / dec.repetition_penalty, seen * dec.repetition_penalty)
         if dec.temperature == 0:
@@ -529,7 +532,7 @@ class TorchThinker(ThinkerBackend):
         for i in range(0, len(pending), chunk):
             piece = pending[i : i + chunk]
             out = self.model(
-                input_ids=torch.tensor([piece], dtype=torch.long),
+                input_ids=torch.tensor([piece], dtype=torch.long, device=self.device),
                 past_key_values=sess.cache,
                 use_cache=True,
                 logits_to_keep=1,
@@ -565,14 +568,18 @@ class TorchThinker(ThinkerBackend):
             fresh[r, width - n :] = True
             pos[r, :] = sess.kv_len  # pad queries: any valid position; their output is never used
             pos[r, width - n :] = torch.arange(sess.kv_len, sess.kv_len + n)
+        dev = self.device
         past = group.valid.shape[1]
-        valid = torch.cat([group.valid, fresh], dim=1)
-        causal = torch.arange(past + width)[None, :] <= (past + torch.arange(width))[:, None]
+        valid = torch.cat([group.valid, fresh.to(dev)], dim=1)
+        causal = (
+            torch.arange(past + width, device=dev)[None, :]
+            <= (past + torch.arange(width, device=dev))[:, None]
+        )
         mask = valid[:, None, None, :] & causal[None, None, :, :]
         out = self.model(
-            input_ids=ids,
+            input_ids=ids.to(dev),
             attention_mask=mask,
-            position_ids=pos,
+            position_ids=pos.to(dev),
             past_key_values=group.cache,
             use_cache=True,
             logits_to_keep=1,
@@ -618,7 +625,7 @@ class TorchThinker(ThinkerBackend):
                 kbuf[r, :, width - n : width] = row.keys[0]
                 vbuf[r, :, width - n : width] = row.values[0]
             layer.adopt(kbuf, vbuf, width)  # type: ignore[attr-defined]
-        valid = torch.arange(width)[None, :] >= (width - torch.tensor(lens))[:, None]
+        valid = (torch.arange(width)[None, :] >= (width - torch.tensor(lens))[:, None]).to(self.device)
         for sess in sessions:
             sess.cache = None
         self._group = _Group(list(sids), merged, valid)
@@ -638,7 +645,7 @@ class TorchThinker(ThinkerBackend):
         if dissolve:
             self._group = None
             return
-        idx = torch.tensor([group.row(s) for s in stay], dtype=torch.long)
+        idx = torch.tensor([group.row(s) for s in stay], dtype=torch.long, device=self.device)
         valid = group.valid.index_select(0, idx)
         first = int(valid.any(dim=0).nonzero()[0])  # columns that are padding in every remaining row go away
         layers = [
