@@ -60,6 +60,8 @@ class Reply:
     #: Thinker log length before the reply (its checkpoint), and before the caller's words it answers.
     ckpt_log_len: int
     user_ckpt_log_len: int | None
+    #: Length of the session's conversation log before the caller's words (what a discarded speculation restores).
+    log_mark: int
     resampler: OutputResampler
     started_wall: float = field(default_factory=time.monotonic)
     #: How the caller's message went into the KV: {user_tokens, prefill_tokens, cached_tokens, log_before}.

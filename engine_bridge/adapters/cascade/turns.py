@@ -305,16 +305,21 @@ class TurnMachine:
         st.turn = None
         r = st.reply
         if r is not None and r.phase.is_speculative:
-            # Undo the speculative user message and reply: crop the KV back to before the user text.
-            if r.phase.is_generating and self.thinker.is_generating(session.id):
-                self.thinker.rollback(session.id, r.ckpt_log_len)
-            r.advance(ReplyPhase.CANCELLED)
-            if r.user_ckpt_log_len is not None:
-                self.thinker.rollback(session.id, r.user_ckpt_log_len)
             st.reply = None
+            self._unwind(session, r)
             session.stats.extra["speculations_discarded"] = (
                 session.stats.extra.get("speculations_discarded", 0) + 1
             )
+
+    def _unwind(self, session: DuplexSession, r: Reply) -> None:
+        """Undo a speculative reply entirely, with the caller's words it answered: crop the KV back to before
+        them (exact), and drop them from the conversation log, which mirrors the thinker's."""
+        if self.thinker.is_generating(session.id):
+            self.thinker.rollback(session.id, r.ckpt_log_len)
+        if r.user_ckpt_log_len is not None:
+            self.thinker.rollback(session.id, r.user_ckpt_log_len)
+        del session.log[r.log_mark :]
+        r.advance(ReplyPhase.CANCELLED)
 
     def _on_endpoint(self, session: DuplexSession, st: CascadeSessionState, msg: Endpoint) -> None:
         ev = msg.ev
@@ -412,6 +417,7 @@ class TurnMachine:
     ) -> None:
         thinker = self.thinker
         self._flush_context(session, st)
+        log_mark = len(session.log)
         user_ckpt: int | None = None
         append_stats: dict[str, int] = {}
         if user_text is not None:
@@ -446,6 +452,7 @@ class TurnMachine:
             epoch=session.epoch,
             ckpt_log_len=ckpt.log_len,
             user_ckpt_log_len=user_ckpt,
+            log_mark=log_mark,
             resampler=OutputResampler(self.tts.sample_rate, ENGINE_OUTPUT_RATE),
             append_stats=append_stats,
         )
@@ -502,11 +509,7 @@ class TurnMachine:
             )
         else:
             # Speculative and unheard: undo it entirely (including the speculative user text).
-            if thinker.is_generating(session.id):
-                thinker.rollback(session.id, r.ckpt_log_len)
-            if r.user_ckpt_log_len is not None:
-                thinker.rollback(session.id, r.user_ckpt_log_len)
-            r.advance(ReplyPhase.CANCELLED)
+            self._unwind(session, r)
             st.turn = None
         session.stats.extra["last_barge_in_ms"] = round((time.monotonic() - at_wall) * 1000, 1)
         session.set_state(p.SessionState.USER_SPEAKING)
