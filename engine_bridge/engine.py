@@ -37,7 +37,7 @@ from engine_bridge.control import Address, ControlServer, ServerConnection
 from engine_bridge.doorbell import Doorbell
 from engine_bridge.ring import NATIVE as RING_NATIVE
 from engine_bridge.ring import RingError, RingPair, remove_orphan_segments
-from engine_bridge.session import DuplexSession, InterruptRequest, MuteChange, TextAppend
+from engine_bridge.session import DuplexSession, InterruptRequest, MuteChange, TextAppend, WrittenAudio
 
 log = logging.getLogger("engine_bridge.engine")
 
@@ -432,9 +432,8 @@ class Engine:
                 s.outbox.popleft()
                 n_out = c.pcm.shape[0]
                 s.stats.output_samples += n_out
-                if c.turn_id != s.written_turn_id:
-                    s.written_turn_id, s.written_turn_samples = c.turn_id, 0
-                s.written_turn_samples += n_out
+                w = s.written
+                s.written = WrittenAudio(c.turn_id, (w.samples if w.turn_id == c.turn_id else 0) + n_out)
         return False
 
     # --- scheduler thread -----------------------------------------------------------------------------------

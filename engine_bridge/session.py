@@ -6,6 +6,8 @@ Ownership (one owner per piece of state, so no state needs a lock except the epo
 * the **audio thread** owns the ring cursors and the turn detector: it reads ingress, detects speech, writes the
   outbox into egress, and on barge-in bumps the epoch word in the ring header *first*.
 * the epoch fence (`epoch` + outbox clear) is the only state both threads change; `fence_lock` guards it.
+* where the current reply stands is owned by one reply object on the scheduler thread; every other thread reads
+  the immutable :class:`~engine_bridge.reply.ReplySnapshot` it publishes in ``reply`` (one attribute read).
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from engine_bridge import protocol as p
 from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE, samples_to_ms
+from engine_bridge.reply import NO_REPLY, ReplyPhase, ReplySnapshot
 from engine_bridge.ring import RingPair
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,21 @@ class OutChunk:
     pcm: np.ndarray
 
 
+class WrittenAudio(NamedTuple):
+    """Samples of reply ``turn_id`` moved into the egress ring so far: the playout estimate when the media side
+    reports none. The audio thread replaces it whole at each write, so a reader never sees a torn pair."""
+
+    turn_id: int
+    samples: int
+
+
+class AdapterState:
+    """Base of the per-session state a model adapter keeps in :attr:`DuplexSession.adapter_state` (set by its
+    ``open``, dropped at close). Each adapter subclasses it and narrows it back with ``isinstance``."""
+
+    __slots__ = ()
+
+
 @dataclass(slots=True)
 class SessionStats:
     opened_at: float = field(default_factory=time.monotonic)
@@ -114,18 +132,13 @@ class DuplexSession:
         self.last_activity = time.monotonic()
         self.closing = False
         self.close_reason = ""
-        #: Adapter-private state (e.g. the cascade's pipeline); set by the adapter's ``open``.
-        self.adapter_state: Any = None
-        #: Reply currently being produced: its turn id, and whether audio of it is queued or playing.
-        self.reply_turn: int = 0
-        #: A confirmed reply exists (thinking or speaking); set by the scheduler, read by the audio thread.
-        self.reply_active = False
-        #: Its audio is still being produced (generation or TTS running).
-        self.reply_producing = False
-        #: Samples of reply ``written_turn_id`` moved into the egress ring so far (the audio thread counts them):
-        #: "what was written to egress", the playout estimate when the media side reports none.
-        self.written_turn_id = 0
-        self.written_turn_samples = 0
+        #: Adapter-private state (e.g. the cascade's turn machine state); set by the adapter's ``open``.
+        self.adapter_state: AdapterState | None = None
+        #: The latest reply, as its owner (the adapter, on the scheduler thread) published it at its last phase
+        #: transition. Replaced whole, never mutated: the audio thread reads it once per decision.
+        self.reply: ReplySnapshot = NO_REPLY
+        #: What the audio thread has written to egress of the latest reply (see :class:`WrittenAudio`).
+        self.written = WrittenAudio(0, 0)
         #: Called (from whichever thread queued it) when reply audio lands in the outbox, so the engine's audio
         #: thread moves it into egress now rather than at its next fallback wake-up.
         self.on_output: Callable[[], None] | None = None
@@ -151,6 +164,16 @@ class DuplexSession:
     def post(self, msg: Any) -> None:
         """Queue a message for the scheduler thread (the session's single owner)."""
         self.mailbox.put(msg)
+
+    def model_audible(self) -> bool:
+        """Model speech is being produced, queued, or in the egress ring (the audio thread's barge-in test)."""
+        reply = self.reply  # one read: the phase belongs to one transition
+        if reply.phase.is_producing:
+            return True
+        if reply.phase is not ReplyPhase.DRAINING:
+            return False
+        eg = self.rings.egress
+        return bool(self.outbox) or eg.write_cursor > eg.read_cursor
 
     # --- the epoch fence ------------------------------------------------------------------------------------
     def bump_epoch(self) -> int:

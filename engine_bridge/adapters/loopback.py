@@ -18,11 +18,11 @@ import soxr
 from engine_bridge import protocol as p
 from engine_bridge.adapters.base import AdapterCaps, ModelAdapter
 from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE, INPUT_FRAME_SAMPLES
-from engine_bridge.session import DuplexSession
+from engine_bridge.session import AdapterState, DuplexSession
 
 
 @dataclass
-class _LoopbackState:
+class _LoopbackState(AdapterState):
     resampler: soxr.ResampleStream = field(
         default_factory=lambda: soxr.ResampleStream(ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE, 1, dtype="int16")
     )
@@ -39,15 +39,14 @@ class LoopbackFixtureAdapter(ModelAdapter):
     def open(self, session: DuplexSession) -> None:
         session.adapter_state = _LoopbackState()
         session.turn_id = 1
-        session.reply_turn = 1
         session.emit(p.ReplyStarted(session_id=session.id, turn_id=1, epoch=session.epoch))
 
     def close(self, session: DuplexSession) -> None:
         session.adapter_state = None
 
     def on_audio(self, session: DuplexSession, pcm: np.ndarray) -> None:
-        st: _LoopbackState | None = session.adapter_state
-        if st is None:
+        st = session.adapter_state
+        if not isinstance(st, _LoopbackState):
             return
         st.pending = np.concatenate([st.pending, pcm]) if st.pending.size else pcm.copy()
         due = time.monotonic() + self.settings.loopback_delay_ms / 1000
@@ -61,7 +60,7 @@ class LoopbackFixtureAdapter(ModelAdapter):
         now = time.monotonic()
         while st.line and st.line[0][0] <= now:
             _, out = st.line.popleft()
-            session.queue_audio(session.epoch, session.reply_turn, st.seq, out)
+            session.queue_audio(session.epoch, session.turn_id, st.seq, out)
             st.seq += 1
 
     def handle(self, session: DuplexSession, msg: Any) -> None:

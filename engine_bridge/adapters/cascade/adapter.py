@@ -1,0 +1,199 @@
+"""The cascade adapter: turn-taking (VAD) → ASR → thinker with a KV lease → clause-by-clause TTS.
+
+Where the time goes, and how the stages overlap (the plain sum of the stages is 1.5-2 s on a laptop CPU):
+
+1. While the caller talks, the audio thread runs the VAD on every frame (microseconds).
+2. After ``speculative_ms`` of silence (default 120 ms, well before the 500 ms endpoint) the turn's audio goes to
+   the ASR worker *speculatively*; when the transcript comes back the thinker appends it to the session's KV and
+   starts the reply, and the TTS worker voices the first clause. Audio produced before the endpoint is *held*.
+3. At the endpoint (``silence_ms``) the speculation is confirmed and the held audio is released at once. If the
+   caller speaks again first, the speculation is thrown away: the thinker rolls back to the checkpoint taken
+   before the user text (exact, the KV is cropped), held audio is dropped, and the longer turn is transcribed
+   at its real endpoint.
+
+Barge-in: the audio thread bumps the epoch word in the egress ring header the moment the caller has spoken
+``barge_in_min_ms`` over model speech; the scheduler then aborts generation at its next step, TTS output of the
+old epoch is refused by the fence, and the thinker keeps only what was played (playout position reported by the
+media side in the ring header; until then, what was written to egress).
+
+Threads: ``on_audio`` (audio thread) is cheap: VAD + fence. ASR and TTS run on one worker thread each (their
+libraries release the GIL), the thinker runs on the scheduler thread, which owns every session's conversation.
+Where each piece lives: the turn machine in :mod:`.turns`, a reply's lifecycle in :mod:`.reply`, the workers in
+:mod:`.workers`, the mailbox messages in :mod:`.messages`, the turn records in :mod:`.telemetry`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from engine_bridge.adapters.base import AdapterCaps, ModelAdapter
+from engine_bridge.adapters.cascade.turns import CascadeSessionState, TurnMachine, cascade_state, watch_audio
+from engine_bridge.adapters.cascade.workers import AsrWorker, TtsWorker
+from engine_bridge.config import EngineSettings
+from engine_bridge.session import DuplexSession
+from engine_bridge.speech.asr import Transcriber, make_transcriber
+from engine_bridge.speech.tts import Synthesizer, make_synthesizer
+from engine_bridge.speech.vad import TurnDetector, VADEngine, VADSettings
+from engine_bridge.thinker.base import Message, ThinkerBackend
+
+log = logging.getLogger(__name__)
+
+
+def make_thinker(settings: EngineSettings) -> ThinkerBackend:
+    """The transformers thinker configured from the engine settings (a vLLM backend would plug in here)."""
+    from engine_bridge.thinker.model_store import DEFAULT_MODEL
+    from engine_bridge.thinker.prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING
+    from engine_bridge.thinker.torch_backend import TorchThinker, TorchThinkerConfig
+
+    m = settings.models
+    cfg = TorchThinkerConfig(
+        model=DEFAULT_MODEL if m.thinker == "smollm2" else m.thinker,
+        dtype=m.thinker_dtype,
+        threads=settings.threads,
+        max_context_tokens=m.max_context_tokens,
+        max_sessions=settings.max_sessions,
+        system_prompt=m.system_prompt or DEFAULT_SYSTEM_PROMPT,
+        decoding=dataclasses.replace(SPOKEN_DECODING, max_tokens=m.max_reply_tokens),
+        cache_dir=str(settings.cache_dir / "models"),
+    )
+    return TorchThinker(cfg)
+
+
+@dataclass(frozen=True, slots=True)
+class CascadeModels:
+    """Models built elsewhere (by a test, or a host that shares them), used instead of loading from settings.
+    The executors run the ASR and TTS jobs (default: one thread each)."""
+
+    asr: Transcriber
+    tts: Synthesizer
+    thinker: ThinkerBackend
+    asr_executor: concurrent.futures.Executor | None = None
+    tts_executor: concurrent.futures.Executor | None = None
+
+
+class CascadeAdapter(ModelAdapter):
+    name = "cascade"
+    caps = AdapterCaps(owns_turn_taking=False, resident_kv=True, exact_rollback=True)
+
+    def __init__(self, settings: EngineSettings, models: CascadeModels | None = None) -> None:
+        super().__init__(settings)
+        self._given = models
+        self.asr: Transcriber | None = None
+        self.tts: Synthesizer | None = None
+        self.thinker: ThinkerBackend | None = None
+        self.machine: TurnMachine | None = None
+        self._kv_bytes = 0
+        self._thinker_sessions = 0
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+    def load(self) -> None:
+        m = self.settings.models
+        given = self._given
+        if given is not None:
+            asr, tts, thinker = given.asr, given.tts, given.thinker
+        else:
+            t0 = time.monotonic()
+            thinker = make_thinker(self.settings)
+            t1 = time.monotonic()
+            asr = make_transcriber(m.asr, threads=self.settings.threads)
+            asr.warmup()
+            t2 = time.monotonic()
+            tts = make_synthesizer(m.tts, threads=self.settings.threads)
+            tts.warmup()
+            log.info(
+                "cascade loaded: thinker %s %.1f s, asr %s %.1f s, tts %s %.1f s",
+                m.thinker,
+                t1 - t0,
+                m.asr,
+                t2 - t1,
+                m.tts,
+                time.monotonic() - t2,
+            )
+        self.asr, self.tts, self.thinker = asr, tts, thinker
+        self.machine = TurnMachine(
+            thinker,
+            AsrWorker(asr, self._notify, given.asr_executor if given else None),
+            TtsWorker(tts, self._notify, given.tts_executor if given else None),
+            first_clause_words=self.settings.turn_taking.first_clause_words,
+            context_limit=m.max_context_tokens,
+        )
+
+    def _notify(self) -> None:
+        if self.wake is not None:
+            self.wake.set()
+
+    def describe(self) -> dict[str, Any]:
+        m = self.settings.models
+        return {
+            "adapter": self.name,
+            "models": {"asr": m.asr, "thinker": m.thinker, "tts": m.tts},
+            # Refreshed by the scheduler on open/close: the thinker is not safe to query from other threads.
+            "kv_bytes": self._kv_bytes,
+            "thinker_sessions": self._thinker_sessions,
+        }
+
+    def _refresh_kv(self) -> None:
+        if self.thinker is not None:
+            self._kv_bytes = self.thinker.memory_bytes()
+            self._thinker_sessions = len(self.thinker.session_ids())
+
+    def _vad_settings(self, session: DuplexSession) -> tuple[VADSettings, int, int]:
+        tt = self.settings.turn_taking
+        o = session.config.turn_taking
+        engine = o.vad or tt.vad
+        vs = VADSettings(
+            engine=VADEngine(engine),
+            aggressiveness=o.aggressiveness if o.aggressiveness is not None else tt.aggressiveness,
+            threshold=o.threshold if o.threshold is not None else tt.threshold,
+            prefix_padding_ms=o.prefix_padding_ms
+            if o.prefix_padding_ms is not None
+            else tt.prefix_padding_ms,
+            silence_ms=o.silence_ms if o.silence_ms is not None else tt.silence_ms,
+        )
+        barge = o.barge_in_min_ms if o.barge_in_min_ms is not None else tt.barge_in_min_ms
+        return vs, barge, min(tt.speculative_ms, vs.silence_ms)
+
+    def open(self, session: DuplexSession) -> None:
+        assert self.thinker is not None and self.machine is not None, "load() first"
+        vs, barge, spec = self._vad_settings(session)
+        history = [Message(role=t.role, text=t.text) for t in session.config.history]
+        self.thinker.open(session.id, session.config.instructions or None, history or None)
+        self.machine.open(session, CascadeSessionState(TurnDetector(vs), barge, spec))
+        self._refresh_kv()
+
+    def close(self, session: DuplexSession) -> None:
+        if self.machine is not None:
+            self.machine.close(session)
+        if self.thinker is not None:
+            self.thinker.close(session.id)
+        self._refresh_kv()
+
+    # --- audio thread ----------------------------------------------------------------------------------------
+    def on_audio(self, session: DuplexSession, pcm: npt.NDArray[np.int16]) -> None:
+        st = cascade_state(session)
+        if st is None:
+            return
+        posted = watch_audio(session, st, pcm)
+        for msg in posted:
+            session.post(msg)
+        if posted:
+            self._notify()
+
+    # --- scheduler thread ------------------------------------------------------------------------------------
+    def handle(self, session: DuplexSession, msg: Any) -> None:
+        st = cascade_state(session)
+        if st is not None and self.machine is not None:
+            self.machine.handle(session, st, msg)
+
+    def step(self, sessions: list[DuplexSession]) -> bool:
+        assert self.machine is not None
+        pairs = [(s, st) for s in sessions if (st := cascade_state(s)) is not None]
+        return self.machine.step(pairs)

@@ -1,0 +1,80 @@
+"""Mailbox messages the cascade's other threads post to the scheduler thread (the session's owner).
+
+The audio thread posts what the turn detector decided (:class:`VadStart`, :class:`Speculate`, :class:`Resumed`,
+:class:`Endpoint`, :class:`BargeInHeard`); the ASR and TTS workers post their results (:class:`AsrDone`,
+:class:`TtsDone`). The engine core's own messages (text appends, interrupts, mute) live in
+:mod:`engine_bridge.session`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from engine_bridge.speech.asr import Transcript
+from engine_bridge.speech.vad import SpeechStopped
+
+
+@dataclass(frozen=True, slots=True)
+class VadStart:
+    """The caller started a turn."""
+
+    start_ms: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Speculate:
+    """``speculative_ms`` of silence inside the turn: transcribe its audio now, before the endpoint."""
+
+    audio: npt.NDArray[np.int16]
+    start_ms: int
+    end_ms: int
+    at_wall: float
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """The caller spoke again after a speculation was posted: it no longer describes the turn."""
+
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """The caller's turn ended (``silence_ms`` of silence)."""
+
+    ev: SpeechStopped
+    at_wall: float
+    #: True when the turn began over model speech and stayed under the barge-in minimum: a backchannel
+    #: ("mm-hm") that must not cancel the reply.
+    backchannel: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BargeInHeard:
+    """The caller spoke ``barge_in_min_ms`` over model speech; the audio thread already bumped the epoch."""
+
+    epoch: int
+    at_ms: int
+    at_wall: float
+
+
+@dataclass(frozen=True, slots=True)
+class AsrDone:
+    job: int
+    transcript: Transcript
+    elapsed_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class TtsDone:
+    """One clause of reply ``turn_id`` is voiced (or was skipped)."""
+
+    turn_id: int
+    epoch: int
+
+
+CascadeMessage = VadStart | Speculate | Resumed | Endpoint | BargeInHeard | AsrDone | TtsDone

@@ -1,0 +1,612 @@
+"""The cascade's turn machine: caller turns in, replies out.
+
+Two halves, one per thread:
+
+* :func:`watch_audio` runs on the **audio thread** for every chunk of caller audio. It feeds the turn detector and
+  turns what it decides into mailbox messages: a turn started, speculate now, the caller resumed, the endpoint,
+  and barge-in (for which it bumps the epoch fence *first*). Its only state is a :class:`CallerTurnWatch`; it
+  reads the reply through the session's published snapshot (``DuplexSession.model_audible``).
+* :class:`TurnMachine` runs on the **scheduler thread**, which owns the conversation: it handles those messages
+  and the ASR/TTS results, starts, confirms, interrupts and cancels replies (each through its one transition
+  method, :meth:`Reply.advance <engine_bridge.adapters.cascade.reply.Reply.advance>`), and steps the thinker.
+
+Speculation: after ``speculative_ms`` of silence the turn's audio is transcribed and a reply started before the
+endpoint, with its audio held. The endpoint keeps it (announced at once, held audio released); the caller speaking
+again first discards it, and the thinker rolls back to before the caller's words.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from engine_bridge import protocol as p
+from engine_bridge.adapters.cascade.messages import (
+    AsrDone,
+    BargeInHeard,
+    CascadeMessage,
+    Endpoint,
+    Resumed,
+    Speculate,
+    TtsDone,
+    VadStart,
+)
+from engine_bridge.adapters.cascade.reply import Cut, Reply
+from engine_bridge.adapters.cascade.telemetry import (
+    TURN_RECORDS,
+    USAGE_EVERY_S,
+    emit_usage,
+    publish_turn,
+    turn_record,
+)
+from engine_bridge.adapters.cascade.workers import AsrWorker, TtsWorker
+from engine_bridge.formats import ENGINE_OUTPUT_RATE, samples_to_ms
+from engine_bridge.reply import ReplyPhase
+from engine_bridge.session import (
+    AdapterState,
+    DuplexSession,
+    InterruptRequest,
+    MuteChange,
+    Role,
+    Segment,
+    TextAppend,
+)
+from engine_bridge.speech.asr import Transcript
+from engine_bridge.speech.text import clean_for_tts
+from engine_bridge.speech.tts import OutputResampler
+from engine_bridge.speech.vad import SpeechStarted, TurnDetector
+from engine_bridge.thinker.base import StepOutput, ThinkerBackend
+
+log = logging.getLogger(__name__)
+
+COMMENTARY_PROMPT: Final = "Say the following to the caller now, briefly and in your own words: "
+SPEAK_NOW_PROMPT: Final = "Speak to the caller now, briefly, without waiting for them to speak first."
+
+
+# --- per-session state -----------------------------------------------------------------------------------------
+
+
+class Overlap(enum.Enum):
+    """How the caller's current turn relates to model speech (the audio thread's view)."""
+
+    #: The turn began while the model was silent.
+    CLEAR = "clear"
+    #: The turn began over model speech and is still under the barge-in minimum: a backchannel so far. It
+    #: neither speculates nor, if it ends like this, interrupts.
+    OVER_MODEL = "over_model"
+    #: The barge-in fired in this turn.
+    BARGED = "barged"
+
+
+@dataclass(slots=True)
+class CallerTurnWatch:
+    """Audio-thread state of the caller's current turn."""
+
+    overlap: Overlap = Overlap.CLEAR
+    #: End of the audio posted for speculative ASR in this turn, or None while no speculation is out.
+    speculated_to_ms: int | None = None
+
+
+class TurnPhase(enum.IntEnum):
+    """A caller turn being transcribed (scheduler thread)."""
+
+    #: Sent to ASR before the endpoint; the caller may still go on.
+    SPECULATIVE = 0
+    #: The speculation was confirmed by the endpoint (same turn start).
+    KEPT = 1
+    #: Sent to ASR at the endpoint.
+    FINAL = 2
+
+    @property
+    def confirmed(self) -> bool:
+        return self >= TurnPhase.KEPT
+
+
+@dataclass(slots=True)
+class CallerTurn:
+    job: int
+    start_ms: int
+    end_ms: int
+    phase: TurnPhase
+    #: When its audio went to ASR, and when its endpoint came.
+    at_wall: float
+    endpoint_wall: float | None = None
+    transcript: Transcript | None = None
+    asr_ms: float = 0.0
+
+    @property
+    def speculated(self) -> bool:
+        return self.phase <= TurnPhase.KEPT
+
+
+@dataclass(frozen=True, slots=True)
+class ContextNote:
+    """Text for the conversation that waits until no reply runs (a reply's KV must not change under it)."""
+
+    role: Literal["user", "developer"]
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakRequest:
+    """A ``speak_now``/``commentary`` asked for a reply while another ran: one reply starts when it ends."""
+
+
+Pending = ContextNote | SpeakRequest
+
+
+@dataclass(slots=True)
+class CascadeSessionState(AdapterState):
+    detector: TurnDetector
+    barge_in_min_ms: int
+    speculative_ms: int
+    #: Audio thread only.
+    watch: CallerTurnWatch = field(default_factory=CallerTurnWatch)
+    # --- scheduler thread only ---
+    turn: CallerTurn | None = None
+    #: The reply being produced; never a finished one (it is dropped here as it finishes).
+    reply: Reply | None = None
+    pending: list[Pending] = field(default_factory=list)
+    turn_records: collections.deque[dict[str, Any]] = field(
+        default_factory=lambda: collections.deque(maxlen=TURN_RECORDS)
+    )
+    last_usage: float = field(default_factory=time.monotonic)
+    item_seq: int = 0
+
+
+def cascade_state(session: DuplexSession) -> CascadeSessionState | None:
+    st = session.adapter_state
+    return st if isinstance(st, CascadeSessionState) else None
+
+
+# --- audio thread ------------------------------------------------------------------------------------------------
+
+
+def watch_audio(
+    session: DuplexSession, st: CascadeSessionState, pcm: npt.NDArray[np.int16]
+) -> list[CascadeMessage]:
+    """Feed caller audio to the turn detector; return the messages for the scheduler (already fenced)."""
+    det = st.detector
+    w = st.watch
+    posted: list[CascadeMessage] = []
+    for ev in det.push(pcm):
+        if isinstance(ev, SpeechStarted):
+            w.speculated_to_ms = None
+            w.overlap = Overlap.OVER_MODEL if session.model_audible() else Overlap.CLEAR
+            posted.append(VadStart(ev.start_ms, ev.at_ms))
+        else:
+            posted.append(Endpoint(ev, time.monotonic(), backchannel=w.overlap is Overlap.OVER_MODEL))
+            w.speculated_to_ms = None
+    if det.in_speech:
+        if w.speculated_to_ms is not None and det.silence_ms_so_far == 0:
+            w.speculated_to_ms = None
+            posted.append(Resumed(det.position_ms))
+        elif (
+            w.speculated_to_ms is None
+            and st.speculative_ms > 0
+            and det.silence_ms_so_far >= st.speculative_ms
+            and w.overlap is not Overlap.OVER_MODEL
+        ):
+            end = det.position_ms - det.silence_ms_so_far
+            w.speculated_to_ms = end
+            posted.append(Speculate(det.utterance(), det.turn_start_ms or 0, end, time.monotonic()))
+        if (
+            w.overlap is not Overlap.BARGED
+            and det.speech_ms >= st.barge_in_min_ms
+            and (w.overlap is Overlap.OVER_MODEL or session.model_audible())
+        ):
+            # The fence goes up *first*: the media plane drops queued stale audio at its next frame.
+            w.overlap = Overlap.BARGED
+            epoch = session.bump_epoch()
+            posted.append(BargeInHeard(epoch, det.position_ms, time.monotonic()))
+    return posted
+
+
+# --- scheduler thread -------------------------------------------------------------------------------------------
+
+
+class TurnMachine:
+    """Everything the scheduler thread does for cascade sessions (see the module docstring)."""
+
+    def __init__(
+        self,
+        thinker: ThinkerBackend,
+        asr: AsrWorker,
+        tts: TtsWorker,
+        *,
+        first_clause_words: int,
+        context_limit: int,
+    ) -> None:
+        self.thinker = thinker
+        self.asr = asr
+        self.tts = tts
+        self.first_clause_words = first_clause_words
+        self.context_limit = context_limit
+
+    def open(self, session: DuplexSession, st: CascadeSessionState) -> None:
+        session.adapter_state = st
+        # The conversation log mirrors the thinker's token log: system prompt, then the startup history.
+        for seg in self.thinker.log(session.id).segments:
+            session.log.append(
+                Segment(Role(seg.role), seg.text, session.epoch, token_start=seg.start, token_end=seg.end)
+            )
+
+    def close(self, session: DuplexSession) -> None:
+        st = cascade_state(session)
+        if st is not None and st.reply is not None:
+            st.reply.advance(ReplyPhase.CANCELLED)  # TTS work still queued for it stops at its next chunk
+            st.reply = None
+
+    # --- mailbox ------------------------------------------------------------------------------------------------
+    def handle(self, session: DuplexSession, st: CascadeSessionState, msg: object) -> None:
+        match msg:
+            case VadStart():
+                session.emit(p.SpeechStarted(session_id=session.id, at_ms=msg.start_ms))
+                if st.reply is None:
+                    session.set_state(p.SessionState.USER_SPEAKING)
+            case Speculate():
+                if st.reply is None:
+                    self._submit_asr(
+                        session, st, msg.audio, msg.start_ms, msg.end_ms, TurnPhase.SPECULATIVE, msg.at_wall
+                    )
+            case Resumed():
+                self._discard_speculation(session, st)
+            case Endpoint():
+                self._on_endpoint(session, st, msg)
+            case BargeInHeard():
+                self._on_barge_in(session, st, msg.epoch, msg.at_ms, msg.at_wall, barge_in=True)
+            case AsrDone():
+                self._on_asr(session, st, msg)
+            case TtsDone():
+                r = st.reply
+                if r is not None and r.turn_id == msg.turn_id and r.epoch == msg.epoch:
+                    r.clauses_done += 1
+            case TextAppend():
+                self._on_text(session, st, msg)
+            case InterruptRequest():
+                # The engine core already bumped the epoch; end the reply as a barge-in would, keeping what played.
+                if st.reply is not None:
+                    self._on_barge_in(
+                        session, st, msg.epoch, session.input_ms, time.monotonic(), barge_in=False
+                    )
+            case MuteChange():
+                if msg.muted:
+                    st.detector.reset()
+            case _:
+                log.warning("session %s: unexpected mailbox message %r", session.id, msg)
+
+    def _submit_asr(
+        self,
+        session: DuplexSession,
+        st: CascadeSessionState,
+        audio: npt.NDArray[np.int16],
+        start_ms: int,
+        end_ms: int,
+        phase: TurnPhase,
+        at: float,
+    ) -> None:
+        job = self.asr.next_job()
+        st.turn = CallerTurn(job, start_ms, end_ms, phase, at_wall=at)
+        if phase is TurnPhase.FINAL:
+            st.turn.endpoint_wall = at
+        self.asr.submit(session, job, audio)
+
+    def _discard_speculation(self, session: DuplexSession, st: CascadeSessionState) -> None:
+        turn = st.turn
+        if turn is None or turn.phase is not TurnPhase.SPECULATIVE:
+            return
+        st.turn = None
+        r = st.reply
+        if r is not None and r.phase.is_speculative:
+            st.reply = None
+            self._unwind(session, r)
+            session.stats.extra["speculations_discarded"] = (
+                session.stats.extra.get("speculations_discarded", 0) + 1
+            )
+
+    def _unwind(self, session: DuplexSession, r: Reply) -> None:
+        """Undo a speculative reply entirely, with the caller's words it answered: crop the KV back to before
+        them (exact), and drop them from the conversation log, which mirrors the thinker's."""
+        if self.thinker.is_generating(session.id):
+            self.thinker.rollback(session.id, r.ckpt_log_len)
+        if r.user_ckpt_log_len is not None:
+            self.thinker.rollback(session.id, r.user_ckpt_log_len)
+        del session.log[r.log_mark :]
+        r.advance(ReplyPhase.CANCELLED)
+
+    def _on_endpoint(self, session: DuplexSession, st: CascadeSessionState, msg: Endpoint) -> None:
+        ev = msg.ev
+        session.emit(p.SpeechStopped(session_id=session.id, at_ms=ev.end_ms))
+        if msg.backchannel:
+            session.stats.ignored_short_speech += 1
+            self._discard_speculation(session, st)
+            return
+        turn = st.turn
+        if turn is not None and turn.phase is TurnPhase.SPECULATIVE and turn.start_ms == ev.start_ms:
+            turn.phase = TurnPhase.KEPT
+            turn.end_ms = ev.end_ms
+            turn.endpoint_wall = msg.at_wall
+            if turn.transcript is not None:
+                self._emit_input(session, st, turn)
+            r = st.reply
+            if r is not None and r.phase.is_speculative:
+                r.advance(ReplyPhase.GENERATING if r.phase is ReplyPhase.SPECULATIVE else ReplyPhase.VOICING)
+        else:
+            self._discard_speculation(session, st)
+            self._submit_asr(session, st, ev.audio, ev.start_ms, ev.end_ms, TurnPhase.FINAL, msg.at_wall)
+        if st.reply is None:
+            session.set_state(p.SessionState.THINKING)
+
+    def _emit_input(self, session: DuplexSession, st: CascadeSessionState, turn: CallerTurn) -> None:
+        assert turn.transcript is not None
+        st.item_seq += 1
+        session.emit(
+            p.InputTranscript(
+                session_id=session.id,
+                item_id=f"item_{session.id[-8:]}_{st.item_seq}",
+                text=turn.transcript.text.strip(),
+                start_ms=turn.start_ms,
+                end_ms=max(turn.end_ms, turn.start_ms),
+                final=True,
+            )
+        )
+
+    def _on_asr(self, session: DuplexSession, st: CascadeSessionState, msg: AsrDone) -> None:
+        turn = st.turn
+        if turn is None or turn.job != msg.job:
+            return  # a discarded speculation
+        turn.transcript = msg.transcript
+        turn.asr_ms = msg.elapsed_ms
+        text = msg.transcript.text.strip()
+        if not text:
+            st.turn = None
+            if turn.phase.confirmed and st.reply is None:
+                session.set_state(p.SessionState.LISTENING)
+            return
+        if turn.phase.confirmed:
+            self._emit_input(session, st, turn)
+        if st.reply is not None:
+            # A reply is still running (commentary, or the caller's short turn during speech): just log the
+            # caller's words once the reply ends.
+            st.pending.append(ContextNote("user", text))
+            return
+        self._start_reply(session, st, user_text=text, turn=turn)
+
+    def _on_text(self, session: DuplexSession, st: CascadeSessionState, msg: TextAppend) -> None:
+        if msg.kind in ("instructions", "thinking"):
+            if msg.text:
+                st.pending.append(ContextNote("developer", msg.text))
+        else:
+            prompt = COMMENTARY_PROMPT + msg.text if msg.text else SPEAK_NOW_PROMPT
+            st.pending.append(ContextNote("developer", prompt))
+            st.pending.append(SpeakRequest())
+        if st.reply is None:
+            self._flush_context(session, st)
+            if self._take_speak_request(st):
+                self._start_reply(session, st, user_text=None, turn=None)
+
+    def _flush_context(self, session: DuplexSession, st: CascadeSessionState) -> None:
+        """Append the waiting context notes to the conversation; speak requests stay queued."""
+        for note in st.pending:
+            if isinstance(note, ContextNote):
+                self.thinker.append(session.id, note.role, note.text, epoch=session.epoch)
+                session.log.append(Segment(Role(note.role), note.text, session.epoch))
+        st.pending = [x for x in st.pending if isinstance(x, SpeakRequest)]
+
+    @staticmethod
+    def _take_speak_request(st: CascadeSessionState) -> bool:
+        asked = any(isinstance(x, SpeakRequest) for x in st.pending)
+        st.pending = [x for x in st.pending if not isinstance(x, SpeakRequest)]
+        return asked
+
+    # --- replies ------------------------------------------------------------------------------------------------
+    def _start_reply(
+        self,
+        session: DuplexSession,
+        st: CascadeSessionState,
+        *,
+        user_text: str | None,
+        turn: CallerTurn | None,
+    ) -> None:
+        thinker = self.thinker
+        self._flush_context(session, st)
+        log_mark = len(session.log)
+        user_ckpt: int | None = None
+        append_stats: dict[str, int] = {}
+        if user_text is not None:
+            user_ckpt = len(thinker.log(session.id))
+            # Deferred prefill: the caller's words, the reply header and the first token go through the model in
+            # one forward pass (the first step), one pass fewer before the first word of the answer.
+            res = thinker.append(session.id, "user", user_text, epoch=session.epoch, prefill=False)
+            session.log.append(
+                Segment(
+                    Role.USER,
+                    user_text,
+                    session.epoch,
+                    audio_start_ms=turn.start_ms if turn else 0,
+                    audio_end_ms=turn.end_ms if turn else 0,
+                    token_start=user_ckpt,
+                    token_end=res.log_len,
+                )
+            )
+            append_stats = {
+                "user_tokens": res.new_tokens,
+                "prefill_tokens": res.prefill_tokens,
+                "cached_tokens": res.cached_tokens,
+                "log_before": user_ckpt,
+                "trimmed": int(res.trimmed),
+            }
+        ckpt = thinker.begin_reply(session.id, epoch=session.epoch)
+        session.turn_id += 1
+        session.stats.turns += 1
+        r = Reply(
+            session=session,
+            turn_id=session.turn_id,
+            epoch=session.epoch,
+            ckpt_log_len=ckpt.log_len,
+            user_ckpt_log_len=user_ckpt,
+            log_mark=log_mark,
+            resampler=OutputResampler(self.tts.sample_rate, ENGINE_OUTPUT_RATE),
+            append_stats=append_stats,
+        )
+        st.reply = r
+        # A speculative reply is not audible: the caller resuming speech discards it, it is no barge-in.
+        confirmed = turn is None or turn.phase.confirmed
+        r.advance(ReplyPhase.GENERATING if confirmed else ReplyPhase.SPECULATIVE)
+
+    def _on_barge_in(
+        self,
+        session: DuplexSession,
+        st: CascadeSessionState,
+        epoch: int,
+        at_ms: int,
+        at_wall: float,
+        *,
+        barge_in: bool,
+    ) -> None:
+        """The fence is up (caller barge-in, or client interrupt when not ``barge_in``): end the reply, keeping
+        in the conversation only the words the caller heard."""
+        thinker = self.thinker
+        session.epoch = max(session.epoch, epoch)
+        r = st.reply
+        if r is None:
+            return
+        st.reply = None
+        if r.phase.is_confirmed:
+            played = self._played_samples(session, r)
+            committed = " ".join(w.text for w in r.played_words(played)).strip()
+            if thinker.is_generating(session.id):
+                thinker.end_reply(session.id, committed)
+            else:
+                thinker.rollback(session.id, r.ckpt_log_len)
+                if committed:
+                    thinker.append(session.id, "assistant", committed, epoch=r.epoch)
+            if committed or r.samples:
+                session.log.append(
+                    Segment(
+                        Role.ASSISTANT,
+                        committed,
+                        r.epoch,
+                        turn_id=r.turn_id,
+                        audio_start_ms=0,
+                        audio_end_ms=samples_to_ms(played, ENGINE_OUTPUT_RATE),
+                        token_start=r.ckpt_log_len,
+                        token_end=len(thinker.log(session.id)),
+                        interrupted=True,
+                    )
+                )
+            session.stats.barge_ins += 1
+            r.advance(
+                ReplyPhase.INTERRUPTED,
+                cut=Cut(committed, played, (epoch, at_ms) if barge_in else None),
+            )
+        else:
+            # Speculative and unheard: undo it entirely (including the speculative user text).
+            self._unwind(session, r)
+            st.turn = None
+        session.stats.extra["last_barge_in_ms"] = round((time.monotonic() - at_wall) * 1000, 1)
+        session.set_state(p.SessionState.USER_SPEAKING)
+
+    @staticmethod
+    def _played_samples(session: DuplexSession, r: Reply) -> int:
+        """Samples of reply ``r`` that left the server: the media side's playout report for this turn, or,
+        when it has not reported any, what was written to egress."""
+        epoch, turn_id, played = session.rings.egress.playout()
+        if turn_id == r.turn_id and epoch == r.epoch:
+            return played
+        written = session.written
+        return written.samples if written.turn_id == r.turn_id else 0
+
+    # --- model work ---------------------------------------------------------------------------------------------
+    def step(self, sessions: list[tuple[DuplexSession, CascadeSessionState]]) -> bool:
+        now = time.monotonic()
+        generating: list[tuple[DuplexSession, CascadeSessionState, Reply]] = []
+        worked = False
+        for s, st in sessions:
+            r = st.reply
+            if r is not None and r.phase.is_generating:
+                generating.append((s, st, r))
+            elif r is not None:
+                worked |= self._maybe_finish(s, st, r)
+            if now - st.last_usage >= USAGE_EVERY_S:
+                st.last_usage = now
+                emit_usage(s, self.thinker, self.context_limit)
+        if generating:
+            outs = self.thinker.step([s.id for s, _, _ in generating])
+            for s, _, r in generating:
+                self._on_token(s, r, outs[s.id])
+            worked = True
+        return worked
+
+    def _on_token(self, session: DuplexSession, r: Reply, out: StepOutput) -> None:
+        clauses: list[str] = []
+        first_cut = self.first_clause_words
+        if (
+            first_cut
+            and r.clauses_sent == 0
+            and out.text[:1].isspace()
+            and len(r.splitter.pending_text.split()) >= first_cut
+        ):
+            # Voice the first words now instead of waiting for the end of the sentence: the caller hears the
+            # answer start a few tokens earlier, at the cost of a small prosody break after them.
+            clauses += r.splitter.flush()
+        if out.text:
+            clauses += r.splitter.push(out.text)
+            r.text += out.text
+        if out.done:
+            clauses += r.splitter.flush()
+            r.advance(ReplyPhase.HELD if r.phase is ReplyPhase.SPECULATIVE else ReplyPhase.VOICING)
+            self.thinker.end_reply(session.id, None)
+        for clause in clauses:
+            self._speak(r, clause)
+        if out.done and r.clauses_sent == 0:
+            # Nothing speakable came out; the reply is over.
+            self._speak(r, "")
+
+    def _speak(self, r: Reply, clause: str) -> None:
+        text = clean_for_tts(clause).strip()
+        if r.first_clause_wall is None and text:
+            r.first_clause_wall = time.monotonic()
+        r.clauses_sent += 1
+        self.tts.speak(r, text)
+
+    def _maybe_finish(self, session: DuplexSession, st: CascadeSessionState, r: Reply) -> bool:
+        """Generation is over; when all clauses are voiced and the audio has left, close the reply."""
+        if r.phase is ReplyPhase.VOICING and r.clauses_done >= r.clauses_sent:
+            r.advance(ReplyPhase.DRAINING)
+        if r.phase is not ReplyPhase.DRAINING:
+            return False
+        eg = session.rings.egress
+        if session.outbox or eg.write_cursor > eg.read_cursor:
+            return False
+        st.reply = None
+        text = r.text.strip()
+        session.log.append(
+            Segment(
+                Role.ASSISTANT,
+                text,
+                r.epoch,
+                turn_id=r.turn_id,
+                audio_end_ms=samples_to_ms(r.samples, ENGINE_OUTPUT_RATE),
+                token_start=r.ckpt_log_len,
+                token_end=len(self.thinker.log(session.id)),
+            )
+        )
+        r.advance(ReplyPhase.DONE)
+        publish_turn(session, st.turn_records, turn_record(r, st.turn), self.thinker)
+        st.turn = None
+        self._flush_context(session, st)
+        if self._take_speak_request(st):
+            self._start_reply(session, st, user_text=None, turn=None)
+        else:
+            session.set_state(
+                p.SessionState.USER_SPEAKING if st.detector.in_speech else p.SessionState.LISTENING
+            )
+        return True

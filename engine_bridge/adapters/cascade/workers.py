@@ -1,0 +1,104 @@
+"""The ASR and TTS workers: one thread each (whisper and Piper release the GIL), shared by every session.
+
+Each job reports back by posting a message to its session's mailbox (:class:`~.messages.AsrDone`,
+:class:`~.messages.TtsDone`) and waking the scheduler. The executors are parameters so a test can run the jobs
+when it chooses (see tests/test_turn_machine.py).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from engine_bridge.adapters.cascade.messages import AsrDone, TtsDone
+from engine_bridge.adapters.cascade.reply import Reply
+from engine_bridge.session import DuplexSession
+from engine_bridge.speech.asr import Transcriber, Transcript
+from engine_bridge.speech.tts import Synthesizer
+
+log = logging.getLogger(__name__)
+
+Notify = Callable[[], None]
+
+
+class AsrWorker:
+    def __init__(
+        self, asr: Transcriber, notify: Notify, executor: concurrent.futures.Executor | None = None
+    ) -> None:
+        self.asr = asr
+        self._notify = notify
+        self._pool = executor or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine-asr")
+        self._jobs = itertools.count(1)
+        self._jobs_lock = threading.Lock()
+
+    def next_job(self) -> int:
+        with self._jobs_lock:
+            return next(self._jobs)
+
+    def submit(self, session: DuplexSession, job: int, audio: npt.NDArray[np.int16]) -> None:
+        """Transcribe ``audio``; the session gets ``AsrDone(job, ...)`` (an empty text if the model failed)."""
+        asr = self.asr
+
+        def run() -> None:
+            t0 = time.monotonic()
+            try:
+                tr = asr.transcribe(audio)
+            except Exception:
+                log.exception("session %s: ASR failed", session.id)
+                tr = Transcript(text="")
+            session.post(AsrDone(job, tr, (time.monotonic() - t0) * 1000))
+            self._notify()
+
+        self._pool.submit(run)
+
+
+class TtsWorker:
+    def __init__(
+        self, tts: Synthesizer, notify: Notify, executor: concurrent.futures.Executor | None = None
+    ) -> None:
+        self.tts = tts
+        self._notify = notify
+        self._pool = executor or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine-tts")
+
+    @property
+    def sample_rate(self) -> int:
+        return self.tts.sample_rate
+
+    def speak(self, reply: Reply, text: str) -> None:
+        """Voice one clause of ``reply`` (empty text: nothing to voice); the session gets ``TtsDone`` either way,
+        so the reply can count its clauses."""
+        session = reply.session
+
+        def run() -> None:
+            try:
+                if text and not reply.stale:
+                    self._synthesize(reply, text)
+            except Exception:
+                log.exception("session %s: TTS failed for %r", session.id, text)
+            finally:
+                session.post(TtsDone(reply.turn_id, reply.epoch))
+                self._notify()
+
+        self._pool.submit(run)
+
+    def _synthesize(self, reply: Reply, text: str) -> None:
+        chunks: list[npt.NDArray[np.int16]] = []
+        resampler = reply.resampler
+        for chunk in self.tts.synthesize(text):
+            if reply.stale:
+                return
+            out = resampler.process(chunk)
+            if out.size:
+                chunks.append(out)
+        tail = resampler.flush()
+        if tail.size:
+            chunks.append(tail)
+        if chunks:
+            reply.add_audio(text, np.concatenate(chunks))

@@ -1,0 +1,625 @@
+"""The cascade's turn machine and reply lifecycle, driven event by event in milliseconds.
+
+The test plays the engine's other threads by hand: it posts what the audio thread would post (turn start,
+speculate, resumed, endpoint, barge-in) or feeds the real webrtcvad turn detector through ``on_audio``; it runs
+the ASR and TTS jobs when it chooses (:class:`ManualExecutor`); and it moves queued reply audio into the real
+egress ring and plays it out the way the engine's audio thread and the media plane do.
+
+Fakes, and why: :class:`ScriptedTranscriber` and :class:`ScriptedSynthesizer` stand in for whisper and Piper
+(seconds per call on this CPU) so the turn machine is testable in milliseconds; they return scripted text and
+a fixed tone. The thinker is real: the torch backend on a tiny random-weight Llama with the real SmolLM2
+tokenizer (as in tests/test_thinker_contract.py), so KV appends, checkpoints and rollbacks are the real ones.
+The real-model path (whisper, SmolLM2, Piper, in an engine process) is tests/test_engine_cascade.py.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from engine_bridge import protocol as p
+from engine_bridge.adapters.cascade import CascadeAdapter, CascadeModels
+from engine_bridge.adapters.cascade.messages import BargeInHeard, Endpoint, Resumed, Speculate, VadStart
+from engine_bridge.adapters.cascade.reply import Cut, Reply
+from engine_bridge.adapters.cascade.turns import SPEAK_NOW_PROMPT, CascadeSessionState, cascade_state
+from engine_bridge.config import EngineSettings
+from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE, INPUT_FRAME_SAMPLES
+from engine_bridge.reply import NO_REPLY, TRANSITIONS, IllegalTransition, ReplyPhase
+from engine_bridge.ring import RingPair
+from engine_bridge.session import DuplexSession, InterruptRequest, TextAppend, WrittenAudio
+from engine_bridge.speech.asr import Transcriber, Word
+from engine_bridge.speech.tts import Synthesizer
+from engine_bridge.speech.vad import SpeechStopped
+from engine_bridge.thinker.base import DecodingSettings
+from engine_bridge.thinker.model_store import LoadedModel, build_tiny_random, load_tokenizer
+from engine_bridge.thinker.torch_backend import TorchThinker, TorchThinkerConfig
+from tests.speech_fixtures import silence, voice_like
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: Greedy decoding, a few tokens: a random model rarely stops by itself, so every reply has this length.
+REPLY_TOKENS = 10
+#: Fake TTS output per character of a clause.
+TTS_SAMPLES_PER_CHAR = ENGINE_OUTPUT_RATE // 100
+
+
+# ------------------------------------------------------------------------------------------- fakes
+class ScriptedTranscriber(Transcriber):
+    """Stands in for whisper: answers each non-silent utterance with the next scripted text."""
+
+    name = "scripted"
+
+    def __init__(self, texts: list[str]) -> None:
+        super().__init__()
+        self.texts = list(texts)
+
+    def _run(self, pcm: npt.NDArray[np.int16]) -> tuple[str, tuple[Word, ...], bool]:
+        return (self.texts.pop(0) if self.texts else ""), (), False
+
+
+class ScriptedSynthesizer(Synthesizer):
+    """Stands in for Piper: a 200 Hz tone, 10 ms per character of the clause, in two chunks, at the engine's
+    output rate (so the resampler passes it through and sample counts are exact)."""
+
+    name = "scripted"
+
+    @property
+    def sample_rate(self) -> int:
+        return ENGINE_OUTPUT_RATE
+
+    def synthesize(self, text: str) -> Iterator[npt.NDArray[np.int16]]:
+        n = len(text) * TTS_SAMPLES_PER_CHAR
+        tone = (np.sin(2 * np.pi * 200 * np.arange(n) / ENGINE_OUTPUT_RATE) * 8000).astype(np.int16)
+        yield tone[: n // 2]
+        yield tone[n // 2 :]
+
+
+class ManualExecutor(concurrent.futures.Executor):
+    """Queues the worker jobs and runs them only in :meth:`run_all`: the test decides when ASR/TTS finish."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Callable[[], None]] = []
+
+    def submit(
+        self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> concurrent.futures.Future[T]:
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def job() -> None:
+            fut.set_result(fn(*args, **kwargs))
+
+        self.jobs.append(job)
+        return fut
+
+    def run_all(self) -> int:
+        n = 0
+        while self.jobs:
+            self.jobs.pop(0)()
+            n += 1
+        return n
+
+
+# ------------------------------------------------------------------------------------------- harness
+@pytest.fixture(scope="module")
+def tiny() -> LoadedModel:
+    return build_tiny_random(load_tokenizer(), seed=0)
+
+
+@dataclass
+class Call:
+    """One cascade session with the engine's threads played by the test."""
+
+    adapter: CascadeAdapter
+    session: DuplexSession
+    thinker: TorchThinker
+    asr_jobs: ManualExecutor
+    tts_jobs: ManualExecutor
+    events: list[p.SessionEvent] = field(default_factory=list)
+    played: int = 0
+    t_ms: int = 0
+
+    @property
+    def st(self) -> CascadeSessionState:
+        st = cascade_state(self.session)
+        assert st is not None
+        return st
+
+    @property
+    def reply(self) -> Reply:
+        r = self.st.reply
+        assert r is not None, "no reply running"
+        return r
+
+    def published(self) -> ReplyPhase:
+        """The phase of the latest reply as the audio thread sees it (the session's snapshot)."""
+        return self.session.reply.phase
+
+    def of(self, kind: type[T]) -> list[T]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+    def kinds(self) -> list[str]:
+        return [type(e).__name__ for e in self.events if not isinstance(e, p.StateChanged | p.Usage)]
+
+    # --- the other threads ------------------------------------------------------------------------------
+    def post(self, msg: object) -> None:
+        self.session.post(msg)
+
+    def drain(self) -> None:
+        """The scheduler thread's mailbox pass."""
+        self.handle(self.take_posted())
+
+    def take_posted(self) -> list[object]:
+        """Everything posted to the session's mailbox so far (taken out, not handled yet)."""
+        posted = []
+        while not self.session.mailbox.empty():
+            posted.append(self.session.mailbox.get_nowait())
+        return posted
+
+    def handle(self, msgs: list[object]) -> None:
+        for msg in msgs:
+            self.adapter.handle(self.session, msg)
+
+    def step(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.drain()
+            self.adapter.step([self.session])
+
+    def asr(self) -> None:
+        self.asr_jobs.run_all()
+        self.drain()
+
+    def tts(self) -> None:
+        self.tts_jobs.run_all()
+        self.drain()
+
+    def step_until(self, phase: ReplyPhase, *, tts: bool, limit: int = 100) -> None:
+        for _ in range(limit):
+            if self.reply.phase is phase:
+                return
+            self.step()
+            if tts:
+                self.tts()
+        raise AssertionError(f"reply never reached {phase.name}; it is {self.reply.phase.name}")
+
+    def write_egress(self) -> None:
+        """The audio thread's egress half: move queued reply audio into the ring, counting what was written."""
+        s = self.session
+        with s.fence_lock:
+            while s.outbox:
+                c = s.outbox.popleft()
+                assert s.rings.egress.write_chunk(c.epoch, c.turn_id, c.seq, c.pcm)
+                w = s.written
+                s.written = WrittenAudio(
+                    c.turn_id, (w.samples if w.turn_id == c.turn_id else 0) + c.pcm.shape[0]
+                )
+
+    def play(self) -> int:
+        """The media plane: play everything in egress of the current epoch and report the playout position."""
+        self.write_egress()
+        eg = self.session.rings.egress
+        buf = np.zeros(1 << 16, dtype=np.int16)
+        n = 0
+        while (info := eg.read_chunk(buf)) is not None:
+            if info.epoch == eg.epoch:
+                self.played += info.nsamples
+                n += info.nsamples
+                eg.report_playout(info.epoch, info.turn_id, self.played)
+        return n
+
+    def finish(self, limit: int = 200) -> p.ReplyDone:
+        """Run every thread until the running reply is done (played out)."""
+        before = len(self.of(p.ReplyDone))
+        for _ in range(limit):
+            self.asr()
+            self.step()
+            self.tts()
+            self.play()
+            if len(self.of(p.ReplyDone)) > before:
+                return self.of(p.ReplyDone)[-1]
+        raise AssertionError("the reply never finished")
+
+    def new_reply_played(self) -> None:
+        self.played = 0
+
+    # --- what the audio thread posts ----------------------------------------------------------------------
+    def caller_speaks(self, ms: int = 1000) -> tuple[int, int]:
+        start = self.t_ms + 300
+        self.t_ms = start + ms
+        self.post(VadStart(start, start + 100))
+        return start, self.t_ms
+
+    def speculate(self, start: int, end: int) -> None:
+        self.post(Speculate(caller_audio(end - start), start, end, time.monotonic()))
+
+    def endpoint(self, start: int, end: int, *, backchannel: bool = False) -> None:
+        ev = SpeechStopped(end_ms=end, at_ms=end + 500, start_ms=start, audio=caller_audio(end - start + 300))
+        self.post(Endpoint(ev, time.monotonic(), backchannel))
+
+    def barge_in(self) -> int:
+        epoch = self.session.bump_epoch()  # the audio thread raises the fence first
+        self.post(BargeInHeard(epoch, self.t_ms, time.monotonic()))
+        return epoch
+
+    def interrupt(self) -> int:
+        epoch = self.session.bump_epoch()  # the engine core raises the fence first
+        self.post(InterruptRequest(epoch))
+        return epoch
+
+    def feed(self, pcm: npt.NDArray[np.int16]) -> None:
+        """Real caller audio through the real VAD, in 20 ms frames, as the audio thread reads ingress."""
+        for i in range(0, pcm.shape[0], INPUT_FRAME_SAMPLES):
+            frame = pcm[i : i + INPUT_FRAME_SAMPLES]
+            self.session.stats.input_samples += frame.shape[0]
+            self.adapter.on_audio(self.session, frame)
+
+
+def caller_audio(ms: int) -> npt.NDArray[np.int16]:
+    return voice_like(ms / 1000, rate=ENGINE_INPUT_RATE)
+
+
+@pytest.fixture
+def make_call(tiny: LoadedModel) -> Iterator[Callable[..., Call]]:
+    made: list[Call] = []
+    ids = itertools.count()
+
+    def make(asr_texts: list[str] | None = None, **session_overrides: Any) -> Call:
+        thinker = TorchThinker(
+            TorchThinkerConfig(
+                model="tiny-random", dtype="float32", decoding=DecodingSettings(max_tokens=REPLY_TOKENS)
+            ),
+            loaded=tiny,
+        )
+        asr_jobs, tts_jobs = ManualExecutor(), ManualExecutor()
+        models = CascadeModels(
+            ScriptedTranscriber(asr_texts or []), ScriptedSynthesizer(), thinker, asr_jobs, tts_jobs
+        )
+        settings = EngineSettings.model_validate({"adapter": "cascade", "models": {"thinker": "tiny-random"}})
+        adapter = CascadeAdapter(settings, models)
+        adapter.load()
+        rings = RingPair.create(input_rate=ENGINE_INPUT_RATE, output_rate=ENGINE_OUTPUT_RATE)
+        events: list[p.SessionEvent] = []
+        config = p.SessionConfig(turn_taking=p.TurnTakingConfig(**session_overrides))
+        session = DuplexSession(
+            f"sess_turns{next(ids):04d}", rings, config, events.append, owner_id=0, idle_ttl_s=60
+        )
+        adapter.open(session)
+        call = Call(adapter, session, thinker, asr_jobs, tts_jobs, events)
+        made.append(call)
+        return call
+
+    yield make
+    for call in made:
+        call.adapter.close(call.session)
+        call.session.rings.close()
+        call.session.rings.ingress.unlink()
+        call.session.rings.egress.unlink()
+
+
+def log_len(call: Call) -> int:
+    return len(call.thinker.log(call.session.id))
+
+
+def start_speculation(call: Call) -> tuple[int, int, int]:
+    """A caller turn transcribed before its endpoint: returns (start, end, thinker log length before it)."""
+    start, end = call.caller_speaks()
+    before = log_len(call)
+    call.speculate(start, end)
+    call.drain()
+    call.asr()
+    assert call.reply.phase is ReplyPhase.SPECULATIVE
+    return start, end, before
+
+
+def assert_answers_next_turn(call: Call, epoch: int) -> None:
+    """After the reply ended, the next caller turn gets a whole answer in the current epoch."""
+    start, end = call.caller_speaks()
+    call.drain()
+    call.endpoint(start, end)
+    call.new_reply_played()
+    done = call.finish()
+    assert not done.interrupted and done.epoch == epoch and done.total_samples > 0
+
+
+# ------------------------------------------------------------------------------------------- the lifecycle
+def test_illegal_transitions_are_refused_and_change_nothing(make_call: Callable[..., Call]) -> None:
+    call = make_call()
+    call.post(TextAppend("speak_now", "", 0))
+    call.drain()
+    r = call.reply
+    for current, target in itertools.product(ReplyPhase, ReplyPhase):
+        if target in TRANSITIONS[current]:
+            continue
+        r.phase = current  # placed in each phase directly: this checks the table, not the machine
+        snapshot, n_events = call.session.reply, len(call.events)
+        with pytest.raises(IllegalTransition):
+            r.advance(target, cut=Cut("", 0, None) if target is ReplyPhase.INTERRUPTED else None)
+        assert r.phase is current and call.session.reply is snapshot and len(call.events) == n_events
+    r.phase = ReplyPhase.GENERATING
+    with pytest.raises(ValueError):
+        r.advance(ReplyPhase.INTERRUPTED)  # an interruption must say what was heard
+    with pytest.raises(ValueError):
+        r.advance(ReplyPhase.VOICING, cut=Cut("", 0, None))
+
+
+def test_phase_order_and_table_are_consistent() -> None:
+    finished = [ph for ph in ReplyPhase if ph.is_finished]
+    assert finished == [ReplyPhase.DONE, ReplyPhase.INTERRUPTED, ReplyPhase.CANCELLED]
+    for ph in ReplyPhase:
+        assert (not TRANSITIONS[ph]) == ph.is_finished  # finished phases have no exits, the others do
+        for nxt in TRANSITIONS[ph]:
+            assert nxt > ph  # phases only move forward
+        if ph.is_speculative:
+            assert (
+                not ph.is_confirmed and ReplyPhase.INTERRUPTED not in TRANSITIONS[ph]
+            )  # unheard: never "cut"
+    assert NO_REPLY.phase.is_finished and NO_REPLY.turn_id == 0
+
+
+def test_each_transition_publishes_one_snapshot_the_audio_thread_reads(
+    make_call: Callable[..., Call],
+) -> None:
+    call = make_call(["what time is it"])
+    s = call.session
+    assert s.reply is NO_REPLY and not s.model_audible()
+    start, end, _ = start_speculation(call)
+    assert call.published() is ReplyPhase.SPECULATIVE and s.reply.turn_id == call.reply.turn_id
+    assert not s.model_audible(), "a speculative reply is not audible"
+    call.step_until(ReplyPhase.HELD, tts=True)
+    assert not s.model_audible() and not s.outbox
+    call.endpoint(start, end)
+    call.drain()
+    assert call.published() is ReplyPhase.VOICING and s.model_audible()
+    call.step()
+    assert call.published() is ReplyPhase.DRAINING and s.model_audible(), "its audio is still queued"
+    call.play()
+    assert not s.model_audible(), "played out: nothing produced, queued or in the ring"
+    assert call.published() is ReplyPhase.DRAINING
+    call.step()
+    assert call.published() is ReplyPhase.DONE and not s.model_audible()
+
+
+# ------------------------------------------------------------------------------------------- speculation
+def test_speculation_kept_releases_held_audio_at_the_endpoint(make_call: Callable[..., Call]) -> None:
+    call = make_call(["what is the weather like today"])
+    start, end, before = start_speculation(call)
+    turn_id = call.reply.turn_id
+    call.step_until(ReplyPhase.HELD, tts=True)
+    # Generated and voiced before the endpoint, and nothing of it left the engine.
+    assert call.reply.held and not call.session.outbox
+    assert not call.of(p.ReplyStarted) and not call.of(p.OutputTranscript) and not call.of(p.InputTranscript)
+    call.endpoint(start, end)
+    call.drain()
+    assert call.of(p.ReplyStarted)[0].turn_id == turn_id
+    assert call.session.outbox and call.of(p.OutputTranscript), "the held audio is released at once"
+    done = call.finish()
+    assert done.turn_id == turn_id and not done.interrupted
+    assert call.played == done.total_samples > 0
+    kinds = call.kinds()
+    assert kinds.index("SpeechStopped") < kinds.index("InputTranscript") < kinds.index("ReplyStarted")
+    assert kinds.index("ReplyStarted") < kinds.index("OutputTranscript") < kinds.index("ReplyDone")
+    outs = call.of(p.OutputTranscript)
+    assert outs[0].start_sample == 0 and outs[-1].end_sample == done.total_samples
+    for a, b in itertools.pairwise(outs):
+        assert a.end_sample == b.start_sample
+    assert call.of(p.InputTranscript)[0].text == "what is the weather like today"
+    users = [seg for seg in call.session.log if seg.role == "user"]
+    assert [u.text for u in users] == ["what is the weather like today"] and users[0].token_start == before
+    record = call.session.stats.extra["turn_records"][-1]
+    assert record["speculative"] is True and record["turn_id"] == turn_id
+    assert "speculations_discarded" not in call.session.stats.extra
+
+
+def test_speculation_kept_while_still_generating(make_call: Callable[..., Call]) -> None:
+    call = make_call(["tell me a story"])
+    start, end, _ = start_speculation(call)
+    call.step(2)
+    assert call.published() is ReplyPhase.SPECULATIVE
+    call.endpoint(start, end)
+    call.drain()
+    assert call.published() is ReplyPhase.GENERATING and call.of(p.ReplyStarted)
+    assert not call.finish().interrupted
+
+
+def test_speculation_discarded_when_the_caller_goes_on(make_call: Callable[..., Call]) -> None:
+    call = make_call(["what is the", "what is the capital of france"])
+    start, _, before = start_speculation(call)
+    first = call.reply
+    call.step(3)
+    call.tts()
+    call.post(Resumed(call.t_ms))
+    call.drain()
+    assert first.phase is ReplyPhase.CANCELLED and call.st.reply is None
+    assert log_len(call) == before and not call.thinker.is_generating(call.session.id), (
+        "KV back before the words"
+    )
+    assert not call.of(p.ReplyStarted) and not call.of(p.ReplyDone) and not call.session.outbox
+    assert call.session.stats.extra["speculations_discarded"] == 1
+    # The longer turn is transcribed at its real endpoint and answered at once.
+    call.t_ms += 800
+    call.endpoint(start, call.t_ms)
+    call.drain()
+    call.asr()
+    second = call.reply
+    assert second.phase is ReplyPhase.GENERATING and second.turn_id == first.turn_id + 1
+    done = call.finish()
+    assert done.turn_id == second.turn_id and not done.interrupted
+    assert [seg.text for seg in call.session.log if seg.role == "user"] == ["what is the capital of france"]
+    assert call.session.stats.extra["turn_records"][-1]["speculative"] is False
+
+
+# ------------------------------------------------------------------------------------------- barge-in
+def _reach(call: Call, phase: ReplyPhase) -> None:
+    """Put a reply in ``phase``: a speculative one for the speculative phases, a speak-now reply otherwise."""
+    if phase.is_speculative:
+        start_speculation(call)
+        call.step_until(phase, tts=True)
+        return
+    call.post(TextAppend("speak_now", "", 0))
+    call.drain()
+    if phase is ReplyPhase.GENERATING:
+        while call.reply.clauses_sent == 0:  # until its first clause is out, and part of it played
+            call.step()
+        call.tts()
+        assert call.play() > 0
+    elif phase is ReplyPhase.VOICING:
+        call.step_until(phase, tts=False)  # the TTS jobs stay queued
+        assert call.tts_jobs.jobs
+    else:
+        call.step_until(ReplyPhase.VOICING, tts=True)
+        call.step()
+        call.write_egress()  # in the ring, not played yet: what was written stands in for the playout
+        assert call.played == 0 and call.session.written.samples == call.reply.samples > 0
+    assert call.reply.phase is phase
+
+
+@pytest.mark.parametrize("how", ["barge_in", "interrupt"])
+@pytest.mark.parametrize(
+    "phase",
+    [ReplyPhase.SPECULATIVE, ReplyPhase.HELD, ReplyPhase.GENERATING, ReplyPhase.VOICING, ReplyPhase.DRAINING],
+    ids=lambda ph: ph.name.lower(),
+)
+def test_barge_in_in_each_phase(make_call: Callable[..., Call], phase: ReplyPhase, how: str) -> None:
+    call = make_call(["please book a table for two", "and one more thing"])
+    before = log_len(call)
+    _reach(call, phase)
+    r = call.reply
+    # What the caller heard: the media side's playout report, else what was written to egress.
+    written = call.session.written
+    played = call.played or (written.samples if written.turn_id == r.turn_id else 0)
+    n_events = len(call.events)
+    epoch = call.barge_in() if how == "barge_in" else call.interrupt()
+    call.drain()
+    assert call.st.reply is None and not call.session.model_audible()
+    assert not call.thinker.is_generating(call.session.id)
+    if phase.is_speculative:
+        # Never heard: dropped without an event, the caller's words and the reply rolled back.
+        assert r.phase is ReplyPhase.CANCELLED
+        assert [type(e) for e in call.events[n_events:]] in ([], [p.StateChanged])
+        assert log_len(call) == before
+    else:
+        assert r.phase is ReplyPhase.INTERRUPTED
+        done = call.of(p.ReplyDone)[-1]
+        assert done.turn_id == r.turn_id and done.interrupted and done.epoch == r.epoch < epoch
+        heard = [w.text for w in r.words if w.end_sample <= played]
+        assert done.text == " ".join(heard)
+        bumps = call.of(p.BargeIn)
+        if how == "barge_in":
+            assert len(bumps) == 1 and bumps[0].epoch == epoch and bumps[0].played_samples == played
+        else:
+            assert not bumps, "a client interrupt announces no barge-in"
+        # The conversation keeps what was heard, in the log and in the KV alike.
+        segs = [seg for seg in call.session.log if seg.role == "assistant" and seg.turn_id == r.turn_id]
+        if done.text or r.samples:
+            (seg,) = segs
+            assert seg.interrupted and seg.text == done.text and seg.token_end == log_len(call)
+        else:
+            assert not segs and log_len(call) == r.ckpt_log_len, "nothing voiced: the reply leaves no trace"
+        # Nothing of the old epoch plays after the fence.
+        assert call.play() == 0
+    assert call.session.state is p.SessionState.USER_SPEAKING
+    assert_answers_next_turn(call, epoch)
+
+
+# ------------------------------------------------------------------------------------------- the audio thread
+def _model_speaking(call: Call) -> Reply:
+    call.post(TextAppend("speak_now", "", 0))
+    call.drain()
+    call.step(2)
+    assert call.session.model_audible()
+    return call.reply
+
+
+def test_backchannel_over_model_speech_does_not_cancel(make_call: Callable[..., Call]) -> None:
+    call = make_call()
+    r = _model_speaking(call)
+    epoch = call.session.epoch
+    call.feed(np.concatenate([silence(300), caller_audio(80), silence(700)]))  # "mm-hm": under the minimum
+    posted = call.take_posted()
+    assert [type(m) for m in posted] == [VadStart, Endpoint]
+    assert isinstance(posted[1], Endpoint) and posted[1].backchannel
+    assert call.session.epoch == epoch == call.session.rings.egress.epoch, "no fence for a backchannel"
+    call.handle(posted)
+    assert call.session.stats.ignored_short_speech == 1
+    assert call.reply is r and r.phase is ReplyPhase.GENERATING
+    done = call.finish()
+    assert done.turn_id == r.turn_id and not done.interrupted and not call.of(p.BargeIn)
+
+
+def test_long_speech_over_the_model_barges_in_fence_first(make_call: Callable[..., Call]) -> None:
+    call = make_call(["stop"])
+    r = _model_speaking(call)
+    call.feed(np.concatenate([silence(300), caller_audio(1000)]))
+    posted = call.take_posted()
+    kinds = [type(m) for m in posted]
+    assert kinds[:2] == [VadStart, BargeInHeard], "no speculation while it might be a backchannel"
+    assert Endpoint not in kinds
+    bump = posted[1]
+    assert isinstance(bump, BargeInHeard)
+    assert call.session.rings.egress.epoch == bump.epoch > r.epoch, "the ring's fence was up before the post"
+    call.handle(posted)
+    assert r.phase is ReplyPhase.INTERRUPTED and call.of(p.BargeIn)[0].turn_id == r.turn_id
+    call.feed(silence(700))
+    call.drain()
+    call.asr()
+    assert call.reply.phase is ReplyPhase.GENERATING, "the barging turn is answered"
+
+
+def test_caller_turn_while_model_silent_speculates_then_endpoints(make_call: Callable[..., Call]) -> None:
+    call = make_call(["hello there"])
+    call.feed(np.concatenate([silence(300), caller_audio(800), silence(700)]))
+    posted = call.take_posted()
+    assert [type(m) for m in posted] == [VadStart, Speculate, Endpoint]
+    spec, end = posted[1], posted[2]
+    assert isinstance(spec, Speculate) and isinstance(end, Endpoint)
+    assert not end.backchannel and spec.start_ms == end.ev.start_ms
+    call.handle(posted)
+    call.asr()
+    done = call.finish()
+    assert not done.interrupted and call.session.stats.extra["turn_records"][-1]["speculative"] is True
+
+
+# ------------------------------------------------------------------------------------------- speak-now
+def test_speak_now_starts_a_reply_and_queues_behind_a_running_one(make_call: Callable[..., Call]) -> None:
+    call = make_call()
+    call.post(TextAppend("instructions", "Always be brief.", 0))
+    call.drain()
+    assert not call.of(p.ReplyStarted) and call.st.reply is None, "instructions alone do not make it speak"
+    call.post(TextAppend("speak_now", "", 0))
+    call.drain()
+    first = call.reply
+    assert call.of(p.ReplyStarted)[0].turn_id == first.turn_id and first.phase is ReplyPhase.GENERATING
+    assert call.session.state is p.SessionState.THINKING
+    call.post(TextAppend("speak_now", "", 0))  # while the first reply runs: it waits
+    call.post(TextAppend("commentary", "the oven is hot", 0))
+    call.drain()
+    assert call.reply is first and len(call.of(p.ReplyStarted)) == 1
+    done = call.finish()
+    assert done.turn_id == first.turn_id and not done.interrupted
+    second = call.reply  # started as soon as the first ended: one reply for both requests
+    assert second.turn_id == first.turn_id + 1 and call.of(p.ReplyStarted)[-1].turn_id == second.turn_id
+    call.new_reply_played()
+    call.finish()
+    assert call.st.reply is None and len(call.of(p.ReplyStarted)) == 2
+    developer = [seg.text for seg in call.session.log if seg.role == "developer"]
+    assert developer[0] == "Always be brief." and developer[1] == SPEAK_NOW_PROMPT
+    assert developer[2] == SPEAK_NOW_PROMPT and developer[3].endswith("the oven is hot")
+    assert call.session.log[-1].role == "assistant" and call.session.log[-1].turn_id == second.turn_id
+
+
+def test_closing_mid_reply_cancels_it_without_events(make_call: Callable[..., Call]) -> None:
+    call = make_call()
+    r = _model_speaking(call)
+    n_events = len(call.events)
+    call.adapter.close(call.session)
+    assert r.phase is ReplyPhase.CANCELLED and len(call.events) == n_events
+    call.tts()  # queued TTS work for it voices nothing
+    assert not call.session.outbox and r.stale
