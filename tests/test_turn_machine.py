@@ -282,7 +282,7 @@ def make_call(tiny: LoadedModel) -> Iterator[Callable[..., Call]]:
         models = CascadeModels(
             ScriptedTranscriber(asr_texts or []), ScriptedSynthesizer(), thinker, asr_jobs, tts_jobs
         )
-        settings = EngineSettings.model_validate({"adapter": "cascade", "models": {"thinker": "tiny-random"}})
+        settings = EngineSettings.model_validate({"adapter": "cascade", "thinker": {"model": "tiny-random"}})
         adapter = CascadeAdapter(settings, models)
         adapter.load()
         rings = RingPair.create(input_rate=ENGINE_INPUT_RATE, output_rate=ENGINE_OUTPUT_RATE)

@@ -399,3 +399,7 @@ class ThinkerBackend(ABC):
     @abstractmethod
     def is_generating(self, sid: str) -> bool:
         """True between ``begin_reply`` and ``end_reply``/``rollback`` (also after the reply reported done)."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, object]:
+        """What /health shows: backend, model, device, dtype, and the KV capacity and free tokens."""

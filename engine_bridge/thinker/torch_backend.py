@@ -745,6 +745,22 @@ class TorchThinker(ThinkerBackend):
     def decode(self, tokens: Sequence[int]) -> str:
         return self.fmt.decode(tokens)
 
+    def describe(self) -> dict[str, object]:
+        budget = self.config.kv_budget_bytes
+        capacity = budget // self._kv_bytes_per_token if budget is not None else None
+        held = sum(s.kv_len for s in self._sessions.values())
+        return {
+            "backend": "torch",
+            "model": self.loaded.name,
+            "device": str(self.device),
+            "dtype": str(self.loaded.dtype).removeprefix("torch."),
+            "max_model_len": self.config.max_context_tokens,
+            # Without a KV budget the torch backend grows caches on demand: capacity is the session limit.
+            "kv_capacity_tokens": capacity,
+            "kv_free_tokens": None if capacity is None else capacity - held,
+            "sessions": len(self._sessions),
+        }
+
 
 class _TransposedLinear(nn.Module):
     """``x @ W^T`` with ``W^T`` stored contiguous.

@@ -734,7 +734,7 @@ class VllmThinker(ThinkerBackend):
     def decode(self, tokens: Sequence[int]) -> str:
         return self.fmt.decode(tokens)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         held = sum(math.ceil(len(s.held) / self.engine.block_size) for s in self._sessions.values())
         return {
             **self.engine.describe(),

@@ -25,7 +25,6 @@ Where each piece lives: the turn machine in :mod:`.turns`, a reply's lifecycle i
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -38,33 +37,15 @@ from engine_bridge.adapters.base import AdapterCaps, ModelAdapter
 from engine_bridge.adapters.cascade.turns import CascadeSessionState, TurnMachine, cascade_state, watch_audio
 from engine_bridge.adapters.cascade.workers import AsrWorker, TtsWorker
 from engine_bridge.config import EngineSettings
+from engine_bridge.devices import onnx_providers, resolve_device
 from engine_bridge.session import DuplexSession
 from engine_bridge.speech.asr import Transcriber, make_transcriber
 from engine_bridge.speech.tts import Synthesizer, make_synthesizer
-from engine_bridge.speech.vad import TurnDetector, VADEngine, VADSettings
+from engine_bridge.speech.vad import TurnDetector, VADEngine, VADSettings, use_silero_providers
 from engine_bridge.thinker.base import Message, ThinkerBackend
+from engine_bridge.thinker.factory import make_thinker
 
 log = logging.getLogger(__name__)
-
-
-def make_thinker(settings: EngineSettings) -> ThinkerBackend:
-    """The transformers thinker configured from the engine settings (a vLLM backend would plug in here)."""
-    from engine_bridge.thinker.model_store import DEFAULT_MODEL
-    from engine_bridge.thinker.prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING
-    from engine_bridge.thinker.torch_backend import TorchThinker, TorchThinkerConfig
-
-    m = settings.models
-    cfg = TorchThinkerConfig(
-        model=DEFAULT_MODEL if m.thinker == "smollm2" else m.thinker,
-        dtype=m.thinker_dtype,
-        threads=settings.threads,
-        max_context_tokens=m.max_context_tokens,
-        max_sessions=settings.max_sessions,
-        system_prompt=m.system_prompt or DEFAULT_SYSTEM_PROMPT,
-        decoding=dataclasses.replace(SPOKEN_DECODING, max_tokens=m.max_reply_tokens),
-        cache_dir=str(settings.cache_dir / "models"),
-    )
-    return TorchThinker(cfg)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +73,7 @@ class CascadeAdapter(ModelAdapter):
         self.machine: TurnMachine | None = None
         self._kv_bytes = 0
         self._thinker_sessions = 0
+        self._thinker_info: dict[str, Any] = {"backend": settings.thinker.backend}
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -100,17 +82,21 @@ class CascadeAdapter(ModelAdapter):
         if given is not None:
             asr, tts, thinker = given.asr, given.tts, given.thinker
         else:
+            device = resolve_device(self.settings.device)
+            use_silero_providers(onnx_providers(device))
             t0 = time.monotonic()
             thinker = make_thinker(self.settings)
             t1 = time.monotonic()
-            asr = make_transcriber(m.asr, threads=self.settings.threads)
+            asr = make_transcriber(m.asr, threads=self.settings.threads, device=device)
             asr.warmup()
             t2 = time.monotonic()
-            tts = make_synthesizer(m.tts, threads=self.settings.threads)
+            tts = make_synthesizer(m.tts, threads=self.settings.threads, device=device)
             tts.warmup()
             log.info(
-                "cascade loaded: thinker %s %.1f s, asr %s %.1f s, tts %s %.1f s",
-                m.thinker,
+                "cascade loaded on %s: thinker %s/%s %.1f s, asr %s %.1f s, tts %s %.1f s",
+                device,
+                self.settings.thinker.backend,
+                self.settings.thinker.model,
                 t1 - t0,
                 m.asr,
                 t2 - t1,
@@ -123,8 +109,9 @@ class CascadeAdapter(ModelAdapter):
             AsrWorker(asr, self._notify, given.asr_executor if given else None),
             TtsWorker(tts, self._notify, given.tts_executor if given else None),
             first_clause_words=self.settings.turn_taking.first_clause_words,
-            context_limit=m.max_context_tokens,
+            context_limit=self.settings.thinker.max_model_len,
         )
+        self._refresh_kv()
 
     def _notify(self) -> None:
         if self.wake is not None:
@@ -134,8 +121,10 @@ class CascadeAdapter(ModelAdapter):
         m = self.settings.models
         return {
             "adapter": self.name,
-            "models": {"asr": m.asr, "thinker": m.thinker, "tts": m.tts},
+            "models": {"asr": m.asr, "thinker": self.settings.thinker.model, "tts": m.tts},
+            "device": resolve_device(self.settings.device),
             # Refreshed by the scheduler on open/close: the thinker is not safe to query from other threads.
+            "thinker": self._thinker_info,
             "kv_bytes": self._kv_bytes,
             "thinker_sessions": self._thinker_sessions,
         }
@@ -144,6 +133,7 @@ class CascadeAdapter(ModelAdapter):
         if self.thinker is not None:
             self._kv_bytes = self.thinker.memory_bytes()
             self._thinker_sessions = len(self.thinker.session_ids())
+            self._thinker_info = self.thinker.describe()
 
     def _vad_settings(self, session: DuplexSession) -> tuple[VADSettings, int, int]:
         tt = self.settings.turn_taking

@@ -1,0 +1,78 @@
+"""The thinker the engine settings ask for: ``engine.thinker.backend`` picks the torch or the vLLM backend."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from engine_bridge.config import EngineSettings
+from engine_bridge.devices import resolve_device
+
+from .base import ThinkerBackend, ThinkerError
+from .model_store import DEFAULT_MODEL, TINY_RANDOM
+from .prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING
+
+
+def model_source(name: str) -> str:
+    """The model store's name for a setting: ``smollm2`` is the built-in model; a folder must exist."""
+    if name == "smollm2":
+        return DEFAULT_MODEL
+    if name in (DEFAULT_MODEL, TINY_RANDOM):
+        return name
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        raise ThinkerError(
+            f"engine.thinker.model {name!r}: no such folder (and not 'smollm2' or 'tiny-random')"
+        )
+    if not (folder / "config.json").is_file():
+        raise ThinkerError(f"engine.thinker.model {name!r}: not a Hugging Face model folder (no config.json)")
+    if not any(
+        (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    ):
+        raise ThinkerError(f"engine.thinker.model {name!r}: the folder has no tokenizer")
+    return str(folder)
+
+
+def make_thinker(settings: EngineSettings) -> ThinkerBackend:
+    t = settings.thinker
+    device = resolve_device(settings.device)
+    source = model_source(t.model)
+    decoding = dataclasses.replace(SPOKEN_DECODING, max_tokens=t.max_reply_tokens)
+    system_prompt = t.system_prompt or DEFAULT_SYSTEM_PROMPT
+    cache_dir = str(settings.cache_dir / "models")
+    if t.backend == "vllm":
+        from .vllm_backend import VllmThinker, VllmThinkerConfig
+
+        return VllmThinker(
+            VllmThinkerConfig(
+                model=source,
+                dtype=t.dtype,
+                device=device,
+                max_context_tokens=t.max_model_len,
+                max_sessions=settings.max_sessions,
+                system_prompt=system_prompt,
+                decoding=decoding,
+                cache_dir=cache_dir,
+                gpu_memory_utilization=t.gpu_memory_utilization,
+                tensor_parallel_size=t.tensor_parallel_size,
+                enforce_eager=t.enforce_eager,
+                block_size=t.block_size,
+                cpu_kv_cache_gib=t.cpu_kv_cache_gib,
+            )
+        )
+    from .torch_backend import TorchThinker, TorchThinkerConfig
+
+    dtype = t.dtype if t.dtype in ("float32", "bfloat16") else ("bfloat16" if device == "cuda" else "float32")
+    return TorchThinker(
+        TorchThinkerConfig(
+            model=source,
+            dtype=dtype,  # type: ignore[arg-type]
+            device=device,
+            threads=settings.threads,
+            max_context_tokens=t.max_model_len,
+            max_sessions=settings.max_sessions,
+            system_prompt=system_prompt,
+            decoding=decoding,
+            cache_dir=cache_dir,
+        )
+    )
