@@ -16,7 +16,7 @@ from typing import Final
 
 from starlette.websockets import WebSocket
 
-from livekit_omni.app import bearer_token, key_is_valid
+from livekit_omni.auth import bearer_token, key_is_valid
 from livekit_omni.live import wire
 from livekit_omni.live.session import CLOSE_POLICY, CLOSE_TRY_AGAIN, LiveSession, hub_of
 

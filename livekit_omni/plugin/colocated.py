@@ -26,8 +26,8 @@ from engine_bridge import protocol as p
 from engine_bridge.client import EngineSession
 from engine_bridge.control import ControlError, EngineRequestError
 from engine_bridge.formats import ENGINE_OUTPUT_RATE
+from livekit_omni.plugin.gate import IN_REPLY
 from livekit_omni.plugin.log import logger
-from livekit_omni.plugin.model import IN_REPLY
 from livekit_omni.plugin.session import (
     AppendKind,
     OmniBargeIn,
