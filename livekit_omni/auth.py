@@ -57,9 +57,8 @@ class AuthMiddleware:
             return
         request = Request(scope)
         if not key_is_valid(self.settings, bearer_token(request.headers)):
-            metrics: Metrics | None = (
-                getattr(scope.get("app").state, "metrics", None) if scope.get("app") else None
-            )
+            app = scope.get("app")
+            metrics: Metrics | None = getattr(app.state, "metrics", None) if app is not None else None
             if metrics is not None:
                 metrics.errors.labels(code="invalid_api_key").inc()
             resp = JSONResponse(

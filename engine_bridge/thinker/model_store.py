@@ -356,7 +356,7 @@ def build_tiny_random(
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=8192,
-        rope_theta=100000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
         initializer_range=0.2,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
@@ -365,5 +365,6 @@ def build_tiny_random(
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).to(dtype).eval()
+        # PreTrainedModel.to is wrapped with functools.wraps, which mypy does not bind as a method.
+        model = LlamaForCausalLM(config).to(dtype).eval()  # type: ignore[arg-type]
     return LoadedModel(model, tokenizer, TINY_RANDOM, None, dtype, time.perf_counter() - t0)

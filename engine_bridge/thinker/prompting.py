@@ -157,13 +157,17 @@ class ChatFormat:
         )
 
     def decode(self, tokens: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+        text = self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+        assert isinstance(text, str)  # one sequence in, one string out
+        return text
 
     def render_messages(self, messages: Sequence[tuple[Role, str]]) -> str:
         """The whole conversation as the tokenizer's template would render it (for tests and debugging)."""
-        return self.tokenizer.apply_chat_template(
+        text = self.tokenizer.apply_chat_template(
             [{"role": TEMPLATE_ROLES[r], "content": t} for r, t in messages], tokenize=False
         )
+        assert isinstance(text, str)  # tokenize=False renders one string
+        return text
 
 
 def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], *, gen: bool = False) -> str:

@@ -338,7 +338,7 @@ class LiveSession:
             self.emit_error(e)
             return
         cid = cmd.event_id
-        ctype = type(cmd).__struct_config__.tag  # type: ignore[attr-defined]
+        ctype = type(cmd).__struct_config__.tag
         if self.allowed_client_events is not None and ctype not in self.allowed_client_events:
             self.emit(
                 wire.error_event(

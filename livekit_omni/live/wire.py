@@ -194,7 +194,7 @@ class _Envelope(msgspec.Struct):
 _command_decoder: Final = msgspec.json.Decoder(ClientCommand)
 _envelope_decoder: Final = msgspec.json.Decoder(_Envelope)
 _KNOWN_TYPES: Final = frozenset(
-    t.__struct_config__.tag  # type: ignore[attr-defined]
+    t.__struct_config__.tag
     for t in (
         SessionStart,
         SessionUpdate,
@@ -454,7 +454,7 @@ def check_update(cfg: UpdateConfig, current_delegation: dict[str, Any]) -> dict[
     if cfg.delegation is msgspec.UNSET:
         return None
     # null is "application delegation", i.e. the same type as now.
-    return resolve_delegation(cfg.delegation, current=current_delegation)  # type: ignore[arg-type]
+    return resolve_delegation(cfg.delegation, current=current_delegation)
 
 
 def _resolve_input(items: list[InitialItem]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from livekit import rtc
@@ -320,7 +320,7 @@ class ColocatedSession(OmniSession):
         self.emit("input_speech_stopped", llm.InputSpeechStoppedEvent(user_transcription_enabled=False))
 
     # --- output -----------------------------------------------------------------------------------------------
-    async def _frames(self) -> AsyncIterator[llm.DuplexAudioFrame]:
+    async def _frames(self) -> AsyncGenerator[llm.DuplexAudioFrame, None]:
         """One 20 ms frame per tick, silence included, for as long as the session is open."""
         await self._open_done.wait()
         player = self._player

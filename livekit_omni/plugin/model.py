@@ -17,7 +17,7 @@ import contextlib
 import os
 import weakref
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from livekit.agents import llm
 
@@ -116,7 +116,7 @@ class OmniDuplexModel(llm.DuplexModel):
                 mutable_tools=False,
             )
         )
-        given = {
+        given: dict[str, Any] = {
             "engine_address": engine_address,
             "base_url": base_url,
             "api_key": api_key,
