@@ -22,7 +22,7 @@ closes the session. Route the session's :class:`~engine_bridge.protocol.OutputTr
 Loopback use (tests, benchmarks, a browser on the same machine): aioice never gathers 127.0.0.1, so
 :func:`enable_loopback_ice` patches its host-address lookup process-wide, and ``loopback_only`` strips every offered
 candidate that is not UDP on 127.0.0.1 (mDNS ``.local`` candidates are always stripped: aioice would resolve them
-by multicast). See shared/docs/browser-webrtc-testing.md.
+by multicast). See docs/development.md, Loopback WebRTC.
 
 :class:`WebRTCCaller` is the client side of the same call (an aiortc peer that sends audio and records what comes
 back), for tests, benchmarks and self-checks.

@@ -1,4 +1,5 @@
-"""ARCHITECTURE.md §3: which package may import which. Checked in a fresh interpreter per package."""
+"""The import rules of docs/architecture.md (Import rules): which package may import which (checked in a fresh
+interpreter per package), and no import cycles among the project's modules (checked statically)."""
 
 from __future__ import annotations
 

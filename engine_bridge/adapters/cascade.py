@@ -1,6 +1,6 @@
 """The cascade adapter: turn-taking (VAD) → ASR → thinker with a KV lease → clause-by-clause TTS.
 
-Where the time goes, and how the stages overlap (cpu-speech-stack.md §9 puts the naive sum at 1.5-2 s):
+Where the time goes, and how the stages overlap (docs/speech-stack.md, One turn, puts the naive sum at 1.3-2 s):
 
 1. While the caller talks, the audio thread runs the VAD on every frame (microseconds).
 2. After ``speculative_ms`` of silence (default 200 ms, well before the 500 ms endpoint) the turn's audio goes to

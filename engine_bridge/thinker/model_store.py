@@ -2,7 +2,7 @@
 random Llama built at test time.
 
 Loading the Q4_1 GGUF through transformers dequantizes all 272 tensors and takes 15-20 s on the 2-core box
-(cpu-speech-stack.md §2). So the first load converts it ONCE into an fp32 safetensors folder (config without
+(docs/speech-stack.md, Thinker). So the first load converts it ONCE into an fp32 safetensors folder (config without
 ``quantization_config``, tokenizer next to it) under ``~/.cache/livekit-omni/models/<name>`` (root overridable
 with ``LIVEKIT_OMNI_CACHE`` or an argument); later loads read that folder in well under a second. The folder is
 built in a temporary sibling and renamed into place, so a crash or a concurrent conversion never leaves a

@@ -6,7 +6,7 @@ template *delta* (``<|im_start|>user\\n{text}<|im_end|>\\n`` for ChatML) and onl
 :class:`ChatFormat` learns the per-role wrappers once, by rendering probe conversations through the
 tokenizer's own chat template and diffing them, so any prefix-stable template works (ChatML, Llama-3, ...).
 For SmolLM2 the concatenated deltas are token-identical to rendering the whole conversation at once
-(cpu-speech-stack.md §2; checked in tests/test_thinker_smollm.py). Message *content* is tokenized with special
+(docs/speech-stack.md, Thinker; checked in tests/test_thinker_smollm.py). Message *content* is tokenized with special
 tokens split, so a user who says "<|im_end|>" cannot close their own turn.
 
 The template injects "You are a helpful AI assistant named SmolLM..." when the first message is not a system

@@ -85,7 +85,7 @@ class TorchThinkerConfig:
     model: str = DEFAULT_MODEL
     dtype: DTypeName = DEFAULT_DTYPE
     #: torch intra-op threads, set once at construction (process-wide). 1 is the safe default on a shared,
-    #: noisy 2-core box: 2 OpenMP threads stall badly when the other core is busy (cpu-speech-stack.md §0).
+    #: noisy 2-core box: 2 OpenMP threads stall badly when the other core is busy (docs/speech-stack.md, Threads).
     threads: int = 1
     #: Longest log a session keeps (the model supports 8192; 2048 keeps a 135M model's prefill and KV small).
     max_context_tokens: int = 2048
@@ -367,7 +367,7 @@ class TorchThinker(ThinkerBackend):
         self._sessions[sid] = sess
 
     def _admit(self) -> None:
-        """Fail fast, before any compute (contract §4.3.6)."""
+        """Fail fast, before any compute (guarantee 6, Admission, in docs/architecture.md)."""
         n = len(self._sessions)
         if n >= self.config.max_sessions:
             raise ThinkerCapacityError(f"thinker is full: {n} of {self.config.max_sessions} sessions open")

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# WebSocket close codes (RFC 6455): what a client's reconnect policy keys on (docs/openai-live-protocol.md §7).
+# WebSocket close codes (RFC 6455): what a client's reconnect policy keys on (docs/protocol.md).
 CLOSE_NORMAL: Final = 1000
 CLOSE_POLICY: Final = 1008
 CLOSE_INTERNAL: Final = 1011
