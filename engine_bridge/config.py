@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, Field
+
+#: What a model adapter's name (the ``adapter`` setting) may look like: lower case, digits and underscores.
+ADAPTER_NAME_PATTERN: Final = r"[a-z][a-z0-9_]*"
 
 
 def default_socket_path() -> str:
@@ -78,8 +81,10 @@ class ThinkerSettings(BaseModel):
 class EngineSettings(BaseModel):
     #: ``unix:/path`` or ``tcp:HOST:PORT``.
     address: str = Field(default_factory=lambda: "unix:" + default_socket_path())
-    #: ``cascade`` (VAD → ASR → thinker → TTS) or ``loopback`` (a test fixture that echoes the caller).
-    adapter: Literal["cascade", "loopback"] = "cascade"
+    #: The model adapter, by its name in :mod:`engine_bridge.adapters.registry`: ``cascade`` (VAD → ASR → thinker →
+    #: TTS) or ``loopback`` (a test fixture that echoes the caller). An unknown name fails at engine start, listing
+    #: the known ones (the registry is not imported here: it imports the adapter base, which imports this module).
+    adapter: str = Field("cascade", pattern=f"^{ADAPTER_NAME_PATTERN}$")
     loopback_delay_ms: int = Field(200, ge=0, le=10_000)
     max_sessions: int = Field(4, ge=1, le=1024)
     #: A session nobody touches (no audio, no command) for this long is closed and its memory released.

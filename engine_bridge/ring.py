@@ -57,7 +57,7 @@ import numpy as np
 try:  # the per-frame ingress path in C; optional (see engine_bridge/_ringcore.c and pyproject.toml)
     from engine_bridge import _ringcore
 except ImportError:  # not built (no compiler at install time): the pure-Python path below is used
-    _ringcore = None
+    _ringcore = None  # type: ignore[assignment]  # a module or None; NATIVE says which
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +158,7 @@ class _Ring:
         self.owner = owner
         self.name = shm.name
         buf = shm.buf
+        assert buf is not None  # None only once the segment is closed
         magic, version, kind, rate, capacity, creator = _STATIC.unpack_from(buf, 0)
         if magic != MAGIC:
             raise RingError(f"segment {shm.name!r} is not a livekit-omni ring (magic {magic:#x})")
@@ -189,6 +190,7 @@ class _Ring:
             raise ValueError(f"ring segment names must start with {SEGMENT_PREFIX!r}")
         shm = shared_memory.SharedMemory(name=name, create=True, size=HEADER_BYTES + capacity_bytes)
         buf = shm.buf
+        assert buf is not None  # None only once the segment is closed
         buf[:HEADER_BYTES] = bytes(HEADER_BYTES)
         _STATIC.pack_into(buf, 0, MAGIC, VERSION, int(cls.kind), sample_rate, capacity_bytes, os.getpid())
         _register_owned(shm.name)
@@ -268,7 +270,7 @@ class _Ring:
 
     # --- byte copies with wraparound (no allocation: slices of the preallocated data view) ------------------
     def _copy_in(self, pos: int, src: np.ndarray | bytearray) -> None:
-        flat = memoryview(src).cast("B")
+        flat = memoryview(src).cast("B")  # type: ignore[arg-type]  # numpy stubs: __buffer__ is 3.12+
         n = len(flat)
         cap = self.capacity_bytes
         start = pos & (cap - 1)
@@ -278,7 +280,7 @@ class _Ring:
             self._data[: n - first] = flat[first:]
 
     def _copy_out(self, pos: int, dst: np.ndarray | bytearray) -> None:
-        flat = memoryview(dst).cast("B")
+        flat = memoryview(dst).cast("B")  # type: ignore[arg-type]  # numpy stubs: __buffer__ is 3.12+
         n = len(flat)
         cap = self.capacity_bytes
         start = pos & (cap - 1)
@@ -339,9 +341,12 @@ class IngressRing(_Ring):
                 raise RingError("the native ring core (engine_bridge._ringcore) is not built")
             # The C core implements exactly write() and read_into() below; binding its methods on the instance
             # makes a per-frame call one C call instead of a Python frame plus a C call.
-            self._core = _ringcore.IngressCore(shm.buf, self.name, RingError)
-            self.write = self._core.write  # type: ignore[method-assign]
-            self.read_into = self._core.read_into  # type: ignore[method-assign]
+            segment = shm.buf
+            assert segment is not None  # None only once the segment is closed
+            self._core = _ringcore.IngressCore(segment, self.name, RingError)
+            # (the C methods take their one argument positionally, so their types differ from the Python methods')
+            self.write = self._core.write  # type: ignore[method-assign,assignment]
+            self.read_into = self._core.read_into  # type: ignore[method-assign,assignment]
 
     def _release_fast_path(self) -> None:
         if self._core is not None:
@@ -380,7 +385,7 @@ class IngressRing(_Ring):
         if isinstance(pcm, bytes | bytearray):
             src = memoryview(pcm)
         elif isinstance(pcm, np.ndarray) and pcm.dtype == _INT16 and pcm.ndim == 1:
-            src = memoryview(pcm).cast("B")
+            src = memoryview(pcm).cast("B")  # type: ignore[arg-type]  # numpy stubs: __buffer__ is 3.12+
         else:
             raise TypeError("ingress audio must be 1-D int16 PCM (an int16 array or bytes)")
         n = len(src)
@@ -422,7 +427,7 @@ class IngressRing(_Ring):
         n = min(used, 2 * out.shape[0]) & ~1
         if not n:
             return 0
-        dst = memoryview(out).cast("B")
+        dst = memoryview(out).cast("B")  # type: ignore[arg-type]  # numpy stubs: __buffer__ is 3.12+
         start = r & (cap - 1)
         end = start + n
         data = self._data

@@ -1,4 +1,4 @@
-// The OpenAI Live WebRTC flow, as a browser client (docs: openai-live-protocol.md §1.1):
+// The OpenAI Live WebRTC flow, as a browser client (docs/protocol.md):
 //
 //   1. POST {base}/v1/live/sessions  {session: {model}, transport: {type: "webrtc", sdp: <offer>}}
 //      → {session: {id}, transport: {type: "webrtc", sdp: <answer>}}

@@ -1,20 +1,16 @@
 """The HTTP/WebSocket application: /health, /v1/models, /metrics, the static frontend, and the Live facade routes.
 
-Auth: with API keys configured, every endpoint but /health and the static page needs ``Authorization: Bearer``.
-HTTP requests without a valid key get 401 here; WebSocket upgrades are let through and the facade answers them
-with an ``error`` event (code ``invalid_api_key``) and a close, because LiveKit's client retries a failed
-handshake but treats that error as final (see docs/openai-live-protocol.md §10).
+Auth (:mod:`livekit_omni.auth`): with API keys configured, every endpoint but /health and the static page needs
+``Authorization: Bearer``; HTTP requests without a valid key get 401, WebSocket upgrades are checked by the facade.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -24,8 +20,9 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
 
+from livekit_omni.auth import AuthMiddleware
+from livekit_omni.live.routes import routes as live_routes
 from livekit_omni.metrics import Metrics
 from livekit_omni.settings import Settings
 from livekit_omni.supervisor import EngineState, EngineSupervisor
@@ -33,54 +30,6 @@ from livekit_omni.supervisor import EngineState, EngineSupervisor
 log = logging.getLogger(__name__)
 
 FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend"
-PUBLIC_PATHS = ("/health", "/static/", "/favicon.ico")
-
-
-def bearer_token(headers: Any) -> str:
-    value = headers.get("authorization", "")
-    scheme, _, token = value.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
-
-
-def key_is_valid(settings: Settings, token: str) -> bool:
-    if not settings.api_keys:
-        return True
-    return any(hmac.compare_digest(token, k) for k in settings.api_keys)
-
-
-class AuthMiddleware:
-    def __init__(self, app: ASGIApp, settings: Settings) -> None:
-        self.app = app
-        self.settings = settings
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.settings.api_keys:
-            await self.app(scope, receive, send)
-            return
-        path: str = scope["path"]
-        if path == "/" or path.startswith(PUBLIC_PATHS) or scope["method"] == "OPTIONS":
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope)
-        if not key_is_valid(self.settings, bearer_token(request.headers)):
-            metrics: Metrics | None = (
-                getattr(scope.get("app").state, "metrics", None) if scope.get("app") else None
-            )
-            if metrics is not None:
-                metrics.errors.labels(code="invalid_api_key").inc()
-            resp = JSONResponse(
-                {
-                    "error": {
-                        "type": "invalid_request_error",
-                        "code": "invalid_api_key",
-                        "message": "missing or invalid API key",
-                    }
-                },
-                status_code=401,
-            )
-            await resp(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
 
 
 async def health(request: Request) -> Response:
@@ -161,10 +110,3 @@ def create_app(settings: Settings, *, supervisor: EngineSupervisor | None = None
     app.state.metrics = Metrics()
     app.state.started_at = time.monotonic()
     return app
-
-
-def live_routes() -> list[BaseRoute]:
-    """The OpenAI Live facade (WebSocket and WebRTC offer/answer), under /v1 and at the bare path."""
-    from livekit_omni.live.routes import routes
-
-    return routes()

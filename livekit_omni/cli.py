@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 
+from engine_bridge.adapters.registry import adapter_names
 from livekit_omni.settings import Settings
 
 log = logging.getLogger("livekit_omni")
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--config", default=None, metavar="FILE", help="TOML settings file")
     s.add_argument(
         "--adapter",
-        choices=["cascade", "loopback"],
+        choices=adapter_names(),
         default=None,
         help="engine model adapter (loopback: test fixture)",
     )
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("engine", help="run the engine process alone")
     e.add_argument("--config", default=None, metavar="FILE")
     e.add_argument("--address", default=None, help="listen address (unix:/path or tcp:HOST:PORT)")
-    e.add_argument("--adapter", choices=["cascade", "loopback"], default=None)
+    e.add_argument("--adapter", choices=adapter_names(), default=None)
     e.set_defaults(func=_engine)
     args = ap.parse_args(argv)
     return int(args.func(args))

@@ -261,7 +261,7 @@ class OpusEncoder:
         self._frame.sample_rate = OPUS_RATE
         self._frame.time_base = fractions.Fraction(1, OPUS_RATE)
         # Interleaved int16 view of the frame's buffer: (960,) mono or (960, 2) stereo.
-        flat = np.frombuffer(self._frame.planes[0], dtype=np.int16)
+        flat = np.frombuffer(memoryview(self._frame.planes[0]), dtype=np.int16)
         self._buf = flat if channels == 1 else flat.reshape(OPUS_FRAME_SAMPLES, 2)
         self._fill = 0
         self._pts = 0

@@ -7,12 +7,12 @@
   sinc FIR in numpy, about 1 ms of delay and *exactly* ``n * L / M`` samples out for ``n`` in;
 * anything else (22.05/44.1 kHz…): :class:`SoxrResampler`, a thin wrapper over ``soxr.ResampleStream`` (HQ).
 
-Why not soxr for everything (the plan, and cpu-speech-stack.md §6): fed 20 ms chunks, ``soxr.ResampleStream``
+Why not soxr for everything (docs/speech-stack.md, Codecs and resampling): fed 20 ms chunks, ``soxr.ResampleStream``
 returns its output in bursts, not per chunk. Measured here (soxr 1.1.0, HQ, int16): 24→48 kHz returns
 0 or 1660 samples per 480-sample chunk and reports ``delay()`` 1100 samples (23 ms); 48→16 kHz 0/489/490 per
 960-sample chunk, delay 24 ms; 8→16 kHz returns 1660 samples every fifth chunk (100 ms bursts, 57 ms delay). A 20 ms
 output clock then needs another burst of buffering on top, so soxr would put ~25–60 ms into *each* direction of
-every turn and of every barge-in (ARCHITECTURE §6 leaves ~50 ms of the barge-in budget once the 200 ms minimum
+every turn and of every barge-in (docs/architecture.md, Budgets, leaves ~50 ms of the barge-in budget once the 200 ms minimum
 barge-in speech is counted). ``LQ`` is smoother but its passband ends at 0.8 of Nyquist; ``QQ`` does not filter
 aliases at all. The polyphase FIR below costs 10–40 µs per 20 ms frame (soxr: 6–14 µs), well inside the 0.2 ms
 budget, passes 0–0.45·min(rate) flat and rejects aliases by ≥ 70 dB.

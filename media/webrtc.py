@@ -22,7 +22,7 @@ closes the session. Route the session's :class:`~engine_bridge.protocol.OutputTr
 Loopback use (tests, benchmarks, a browser on the same machine): aioice never gathers 127.0.0.1, so
 :func:`enable_loopback_ice` patches its host-address lookup process-wide, and ``loopback_only`` strips every offered
 candidate that is not UDP on 127.0.0.1 (mDNS ``.local`` candidates are always stripped: aioice would resolve them
-by multicast). See shared/docs/browser-webrtc-testing.md.
+by multicast). See docs/development.md, Loopback WebRTC.
 
 :class:`WebRTCCaller` is the client side of the same call (an aiortc peer that sends audio and records what comes
 back), for tests, benchmarks and self-checks.
@@ -201,13 +201,15 @@ class AudioJitterBuffer(JitterBuffer):
         if self._packets[origin % cap] is None:
             if ahead <= self._prefetch:
                 return None
-            while self._packets[self._origin % cap] is None:  # ends at the newest packet at the latest
+            while self._packets[origin % cap] is None:  # ends at the newest packet at the latest
                 self.remove(1)
                 self.holes_skipped += 1
-            ahead = uint16_add(newest, -self._origin)
+                origin = self._origin
+                assert origin is not None  # remove() advances it, never clears it
+            ahead = uint16_add(newest, -origin)
         if ahead < self._prefetch:
             return None
-        packet = self._packets[self._origin % cap]
+        packet = self._packets[origin % cap]
         assert packet is not None
         self.remove(1)
         return JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
@@ -275,7 +277,7 @@ class EgressTrack(MediaStreamTrack):
         self._stereo_buf = np.zeros(2 * player.frame_samples, dtype=np.int16)
         self.frames_sent = 0
 
-    async def recv(self) -> AudioFrame | Packet:  # type: ignore[override]
+    async def recv(self) -> AudioFrame | Packet:
         if self.readyState != "live":
             raise MediaStreamError
         await self.pacer.tick()
@@ -508,6 +510,7 @@ class WebRTCPeer:
                         if newer is None:  # end of stream marker: the track is done
                             return
                         frame = newer
+                assert isinstance(frame, AudioFrame)  # an audio track's receiver yields decoded frames
                 self.input_frames += 1
                 self.writer.write_frame(frame)
                 if self.on_input_frame is not None:
@@ -685,7 +688,7 @@ class _SourceTrack(MediaStreamTrack):
         self._audio = np.zeros(n, dtype=np.int16)
         self._audio[: audio.shape[0]] = audio
         self._frames = n // OPUS_FRAME_SAMPLES
-        self._loop = loop
+        self._looping = loop
         self._codec = codec
         self._packets: list[bytes] | None = None
         self._silence_packet = b""
@@ -698,9 +701,9 @@ class _SourceTrack(MediaStreamTrack):
     def _frame_index(self) -> int | None:
         if self.sent < self._frames:
             return self.sent
-        return self.sent % self._frames if self._loop else None
+        return self.sent % self._frames if self._looping else None
 
-    async def recv(self) -> AudioFrame | Packet:  # type: ignore[override]
+    async def recv(self) -> AudioFrame | Packet:
         if self.readyState != "live":
             raise MediaStreamError
         await self._pacer.tick()
@@ -809,6 +812,7 @@ class WebRTCCaller:
             while True:
                 frame = await track.recv()
                 now = time.monotonic()
+                assert isinstance(frame, AudioFrame)  # an audio track's receiver yields decoded frames
                 pcm = frame_to_mono_pcm16(frame)
                 self.rate = frame.sample_rate
                 self.arrivals.append(now)

@@ -1,4 +1,4 @@
-"""Headless Debian Chromium under selenium, set up the way shared/docs/browser-webrtc-testing.md proved to work.
+"""Headless Debian Chromium under selenium, set up as docs/development.md (Loopback WebRTC) describes.
 
 * ``--use-fake-device-for-media-stream`` + ``--use-file-for-fake-audio-capture=<wav>%noloop``: the microphone is a
   WAV file, played once from getUserMedia on (then silence). Give it lead-in silence: it starts before ICE connects.

@@ -1,5 +1,5 @@
 """In-memory audio I/O and an event recorder for running a real ``AgentSession`` without a LiveKit room
-(livekit-duplex-plugin.md §3.3): the one thing these tests cannot run here is a LiveKit server, so the room's
+(docs/development.md, No LiveKit room): the one thing these tests cannot run here is a LiveKit server, so the room's
 microphone and speaker are replaced by :class:`Mic` (caller audio fed at real time) and :class:`Speaker` (counts
 what the agent plays). Everything between them — AgentSession, the duplex adapter, the plugin, the engine — is real.
 """

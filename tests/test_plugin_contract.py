@@ -22,9 +22,10 @@ from livekit.agents.llm import duplex, duplex_adapter
 from livekit.agents.voice import io
 
 import livekit_omni
-from livekit_omni.plugin import model as model_mod
+from livekit_omni.plugin import gate as gate_mod
 from livekit_omni.plugin.colocated import ColocatedSession
-from livekit_omni.plugin.model import IN_REPLY, OmniDuplexModel, OmniGate, OmniOptions
+from livekit_omni.plugin.gate import IN_REPLY, OmniGate
+from livekit_omni.plugin.model import OmniDuplexModel, OmniOptions
 from livekit_omni.plugin.remote import RemoteSession, health_url, live_sessions_url
 from livekit_omni.plugin.session import DropOldestQueue, OmniSession, render_item
 
@@ -143,10 +144,10 @@ def test_adapter_behaviour_the_plugin_relies_on() -> None:
         "deactivation_ratio",
         "min_silence_duration",
     ]
-    assert duplex_adapter._SILENCE_FLOOR == model_mod.GATE_SILENCE_RMS
+    assert duplex_adapter._SILENCE_FLOOR == gate_mod.GATE_SILENCE_RMS
     fixed = inspect.signature(llm.FixedGate).parameters
-    assert fixed["activation_ratio"].default == model_mod.GATE_ACTIVATION_RATIO
-    assert fixed["deactivation_ratio"].default == model_mod.GATE_DEACTIVATION_RATIO
+    assert fixed["activation_ratio"].default == gate_mod.GATE_ACTIVATION_RATIO
+    assert fixed["deactivation_ratio"].default == gate_mod.GATE_DEACTIVATION_RATIO
     # rtc frames carry userdata.
     assert "userdata" in params(rtc.AudioFrame.__init__)
 
@@ -252,7 +253,7 @@ def test_gate_opens_on_the_first_audible_frame_and_closes_after_our_silence() ->
 
 
 def test_gate_matches_fixed_gate_outside_replies() -> None:
-    ours, theirs = OmniGate(), llm.FixedGate(model_mod.GATE_SILENCE_RMS, min_silence_duration=0.8)
+    ours, theirs = OmniGate(), llm.FixedGate(gate_mod.GATE_SILENCE_RMS, min_silence_duration=0.8)
     rng = np.random.default_rng(3)
     levels = np.concatenate([np.zeros(20), rng.uniform(0, 0.2, 100), np.zeros(60), rng.uniform(0, 5e-4, 80)])
     for lv in levels:

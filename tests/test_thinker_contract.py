@@ -1,4 +1,5 @@
-"""The thinker contract, run against every backend (torch and vLLM), token-exact at temperature 0 in float32.
+"""The thinker contract (the guarantees of docs/architecture.md, Thinker backends), run against every backend
+(torch and vLLM), token-exact at temperature 0 in float32.
 
 Each guarantee is written against :class:`ThinkerBackend` only, through a backend *factory* in ``FACTORIES``.
 Both backends run here on the same tiny random-weight Llama with the real SmolLM2 tokenizer (fast, real chat
@@ -167,7 +168,7 @@ def conversation(th: ThinkerBackend, sid: str, turns: list[str], *, instructions
         generate(th, sid)
 
 
-# ------------------------------------------------------------------------------------------- §4.3.1
+# --------------------------------------------------------------------- guarantee 1 log equivalence
 def test_log_equivalence_after_append_generate_rollback_and_barge_in(
     th: ThinkerBackend, make: Factory
 ) -> None:
@@ -212,7 +213,7 @@ def test_barge_in_with_nothing_played_removes_the_reply(th: ThinkerBackend) -> N
     assert th.stats("a").resident_kv_tokens == len(before)
 
 
-# ------------------------------------------------------------------------------------------- §4.3.2
+# ------------------------------------------------------------------ guarantee 2 rollback exactness
 def test_rollback_exactness(th: ThinkerBackend, make: Factory) -> None:
     conversation(th, "a", ["First question?", "Second question?"])
     k = len(th.log("a"))
@@ -247,7 +248,7 @@ def test_rollback_inside_a_reply_and_bounds(th: ThinkerBackend, make: Factory) -
         th.rollback("a", 0)  # the instructions segment cannot be rolled back
 
 
-# ------------------------------------------------------------------------------------------- §4.3.4
+# ----------------------------------------------------------------------------- guarantee 4 release
 def test_release_on_close(th: ThinkerBackend) -> None:
     for sid in ("a", "b", "c"):
         conversation(th, sid, ["Hello?", "How are you?"])
@@ -270,7 +271,7 @@ def test_release_on_close(th: ThinkerBackend) -> None:
     assert th.session_ids() == []
 
 
-# ------------------------------------------------------------------------------------------- §4.3.5
+# --------------------------------------------------------------------------- guarantee 5 isolation
 def test_isolation_interleaved_equals_sequential(make: Factory) -> None:
     prompts = {
         "a": ["What time is it?", "Are you sure?"],
@@ -315,7 +316,7 @@ def test_isolation_interleaved_equals_sequential(make: Factory) -> None:
     assert interleaved == sequential
 
 
-# ------------------------------------------------------------------------------------------- §4.3.6
+# --------------------------------------------------------------------------- guarantee 6 admission
 def test_admission_fails_fast_with_a_typed_error(make: Factory) -> None:
     th = make(max_sessions=2)
     th.open("a")
@@ -337,7 +338,7 @@ def test_admission_fails_fast_with_a_typed_error(make: Factory) -> None:
         budgeted.open("y")
 
 
-# ------------------------------------------------------------------------------------------- §4.3.7
+# --------------------------------------------------------------------------- guarantee 7 reporting
 def test_reporting_prefill_only_new_tokens(th: ThinkerBackend) -> None:
     th.open("a", "Be brief.")
     assert th.stats("a").prefill_tokens_last_append == len(th.log("a"))

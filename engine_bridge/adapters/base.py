@@ -64,13 +64,3 @@ class ModelAdapter(ABC):
     def step(self, sessions: list[DuplexSession]) -> bool:
         """One round of model work for every session that has some (batched where the model allows).
         Returns True if any work was done, so the scheduler knows whether to idle."""
-
-
-def make_adapter(settings: EngineSettings) -> ModelAdapter:
-    if settings.adapter == "loopback":
-        from engine_bridge.adapters.loopback import LoopbackFixtureAdapter
-
-        return LoopbackFixtureAdapter(settings)
-    from engine_bridge.adapters.cascade import CascadeAdapter
-
-    return CascadeAdapter(settings)

@@ -1,8 +1,8 @@
 """The thinker contract: an LLM backend whose unit is a *conversation* holding a KV lease.
 
 Every backend (the transformers reference backend here, a vLLM streaming-input backend later) is defined by
-its effect on one engine-agnostic, authoritative **token log** per session (shared/docs/engine-backends.md
-§4.1). The KV cache is only a cache of a prefix of that log, so any backend can rebuild its state from the log
+its effect on one engine-agnostic, authoritative **token log** per session (docs/architecture.md, Thinker
+backends). The KV cache is only a cache of a prefix of that log, so any backend can rebuild its state from the log
 and the contract suite (tests/test_thinker_contract.py) can compare backends token for token.
 
 Threading: every method of a backend is called from one engine worker thread. Backends keep no locks; the
@@ -306,7 +306,7 @@ class ThinkerBackend(ABC):
     """A conversation-level LLM backend. See the module docstring for the call sequence.
 
     The interface is synchronous on purpose: the engine runs one worker thread per backend, and a vLLM
-    streaming-input backend (engine-backends.md §4.5) maps onto it as follows: ``open``/``append`` = a
+    streaming-input backend (docs/architecture.md, Thinker backends) maps onto it as follows: ``open``/``append`` = a
     ``StreamingInput`` chunk with ``max_tokens=1`` (a deferred ``append`` rides in the generation chunk);
     ``begin_reply`` + ``step`` = a generation chunk read one token per step; ``end_reply(committed)`` and
     ``rollback`` = abort + re-open from the log (prefix-cache hit), with ``caps.exact_rollback`` False.
@@ -390,7 +390,7 @@ class ThinkerBackend(ABC):
 
     @abstractmethod
     def memory_bytes(self) -> int:
-        """Bytes of KV held by all sessions (the release counter of contract §4.3.4)."""
+        """Bytes of KV held by all sessions (the counter of guarantee 4, Release, in docs/architecture.md)."""
 
     @abstractmethod
     def decode(self, tokens: Sequence[int]) -> str:

@@ -2,7 +2,7 @@
 random Llama built at test time.
 
 Loading the Q4_1 GGUF through transformers dequantizes all 272 tensors and takes 15-20 s on the 2-core box
-(cpu-speech-stack.md §2). So the first load converts it ONCE into an fp32 safetensors folder (config without
+(docs/speech-stack.md, Thinker). So the first load converts it ONCE into an fp32 safetensors folder (config without
 ``quantization_config``, tokenizer next to it) under ``~/.cache/livekit-omni/models/<name>`` (root overridable
 with ``LIVEKIT_OMNI_CACHE`` or an argument); later loads read that folder in well under a second. The folder is
 built in a temporary sibling and renamed into place, so a crash or a concurrent conversion never leaves a
@@ -373,7 +373,7 @@ def build_tiny_random(
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=8192,
-        rope_theta=100000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
         initializer_range=0.2,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
@@ -382,5 +382,6 @@ def build_tiny_random(
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).to(dtype).eval()
+        # PreTrainedModel.to is wrapped with functools.wraps, which mypy does not bind as a method.
+        model = LlamaForCausalLM(config).to(dtype).eval()  # type: ignore[arg-type]
     return LoadedModel(model, tokenizer, TINY_RANDOM, None, dtype, time.perf_counter() - t0)

@@ -6,7 +6,7 @@ template *delta* (``<|im_start|>user\\n{text}<|im_end|>\\n`` for ChatML) and onl
 :class:`ChatFormat` learns the per-role wrappers once, by rendering probe conversations through the
 tokenizer's own chat template and diffing them, so any prefix-stable template works (ChatML, Llama-3, ...).
 For SmolLM2 the concatenated deltas are token-identical to rendering the whole conversation at once
-(cpu-speech-stack.md §2; checked in tests/test_thinker_smollm.py). Message *content* is tokenized with special
+(docs/speech-stack.md, Thinker; checked in tests/test_thinker_smollm.py). Message *content* is tokenized with special
 tokens split, so a user who says "<|im_end|>" cannot close their own turn.
 
 The template injects "You are a helpful AI assistant named SmolLM..." when the first message is not a system
@@ -157,13 +157,17 @@ class ChatFormat:
         )
 
     def decode(self, tokens: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+        text = self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+        assert isinstance(text, str)  # one sequence in, one string out
+        return text
 
     def render_messages(self, messages: Sequence[tuple[Role, str]]) -> str:
         """The whole conversation as the tokenizer's template would render it (for tests and debugging)."""
-        return self.tokenizer.apply_chat_template(
+        text = self.tokenizer.apply_chat_template(
             [{"role": TEMPLATE_ROLES[r], "content": t} for r, t in messages], tokenize=False
         )
+        assert isinstance(text, str)  # tokenize=False renders one string
+        return text
 
 
 def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], *, gen: bool = False) -> str:

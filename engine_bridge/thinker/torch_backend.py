@@ -35,10 +35,11 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 
 from .base import (
@@ -86,7 +87,7 @@ class TorchThinkerConfig:
     #: ``cpu`` or ``cuda`` (``cuda:N``): where the weights, the KV and every forward pass live.
     device: str = "cpu"
     #: torch intra-op threads, set once at construction (process-wide). 1 is the safe default on a shared,
-    #: noisy 2-core box: 2 OpenMP threads stall badly when the other core is busy (cpu-speech-stack.md §0).
+    #: noisy 2-core box: 2 OpenMP threads stall badly when the other core is busy (docs/speech-stack.md, Threads).
     threads: int = 1
     #: Longest log a session keeps (the model supports 8192; 2048 keeps a 135M model's prefill and KV small).
     max_context_tokens: int = 2048
@@ -173,6 +174,11 @@ class _KVLayer(DynamicLayer):
         assert self.keys is not None and self.values is not None
         return self.keys, self.values
 
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The filled (keys, values) views; only for a layer that holds some."""
+        assert self.keys is not None and self.values is not None
+        return self.keys, self.values
+
     def get_seq_length(self) -> int:
         return self._len
 
@@ -200,12 +206,17 @@ class _LeaseCache(DynamicCache):
     @classmethod
     def of(cls, layers: list[tuple[torch.Tensor, torch.Tensor]], spare: int) -> _LeaseCache:
         cache = cls(len(layers))
-        for layer, (k, v) in zip(cache.layers, layers, strict=True):
-            layer.fill(k, v, spare)  # type: ignore[attr-defined]
+        for layer, (k, v) in zip(cache.kv_layers, layers, strict=True):
+            layer.fill(k, v, spare)
         return cache
 
     def nbytes(self) -> int:
-        return sum(layer.nbytes() for layer in self.layers)  # type: ignore[attr-defined]
+        return sum(layer.nbytes() for layer in self.kv_layers)
+
+    @property
+    def kv_layers(self) -> list[_KVLayer]:
+        """The layers as built by ``__init__`` (``Cache.layers`` is typed with the base layer classes)."""
+        return cast("list[_KVLayer]", self.layers)
 
 
 # ---------------------------------------------------------------------------------------- session state
@@ -336,7 +347,7 @@ class TorchThinker(ThinkerBackend):
         self._sessions[sid] = sess
 
     def _admit(self) -> None:
-        """Fail fast, before any compute (contract §4.3.6)."""
+        """Fail fast, before any compute (guarantee 6, Admission, in docs/architecture.md)."""
         n = len(self._sessions)
         if n >= self.config.max_sessions:
             raise ThinkerCapacityError(f"thinker is full: {n} of {self.config.max_sessions} sessions open")
@@ -616,15 +627,15 @@ class TorchThinker(ThinkerBackend):
         lens = [s.kv_len for s in sessions]
         width = max(lens)
         merged = _LeaseCache(self._num_layers)
-        for li, layer in enumerate(merged.layers):
-            rows = [c.layers[li] for c in caches]  # type: ignore[union-attr]
-            k0 = rows[0].keys
+        for li, layer in enumerate(merged.kv_layers):
+            rows = [c.kv_layers[li].tensors() for c in caches if c is not None]
+            k0 = rows[0][0]
             kbuf = k0.new_zeros((len(sessions), k0.shape[1], width + _GROUP_SPARE, k0.shape[3]))
             vbuf = torch.zeros_like(kbuf)
-            for r, (row, n) in enumerate(zip(rows, lens, strict=True)):
-                kbuf[r, :, width - n : width] = row.keys[0]
-                vbuf[r, :, width - n : width] = row.values[0]
-            layer.adopt(kbuf, vbuf, width)  # type: ignore[attr-defined]
+            for r, ((keys, values), n) in enumerate(zip(rows, lens, strict=True)):
+                kbuf[r, :, width - n : width] = keys[0]
+                vbuf[r, :, width - n : width] = values[0]
+            layer.adopt(kbuf, vbuf, width)
         valid = (torch.arange(width)[None, :] >= (width - torch.tensor(lens))[:, None]).to(self.device)
         for sess in sessions:
             sess.cache = None
@@ -649,8 +660,8 @@ class TorchThinker(ThinkerBackend):
         valid = group.valid.index_select(0, idx)
         first = int(valid.any(dim=0).nonzero()[0])  # columns that are padding in every remaining row go away
         layers = [
-            (ly.keys.index_select(0, idx)[:, :, first:], ly.values.index_select(0, idx)[:, :, first:])
-            for ly in group.cache.layers
+            (keys.index_select(0, idx)[:, :, first:], values.index_select(0, idx)[:, :, first:])
+            for keys, values in (ly.tensors() for ly in group.cache.kv_layers)
         ]
         self._group = _Group(stay, _LeaseCache.of(layers, _GROUP_SPARE), valid[:, first:])
 
@@ -658,8 +669,8 @@ class TorchThinker(ThinkerBackend):
         cols = group.valid[r].nonzero().squeeze(1)
         return _LeaseCache.of(
             [
-                (ly.keys[r : r + 1].index_select(2, cols), ly.values[r : r + 1].index_select(2, cols))
-                for ly in group.cache.layers
+                (keys[r : r + 1].index_select(2, cols), values[r : r + 1].index_select(2, cols))
+                for keys, values in (ly.tensors() for ly in group.cache.kv_layers)
             ],
             _ROW_SPARE,
         )
@@ -782,7 +793,7 @@ class _TransposedLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def _transpose_linears(model: nn.Module) -> None:
+def _transpose_linears(model: PreTrainedModel) -> None:
     """Swap every ``nn.Linear`` for a :class:`_TransposedLinear` (idempotent; same math, same memory). A tied
     ``lm_head`` keeps sharing storage with the embedding, which then reads a transposed view."""
     embed = model.get_input_embeddings()

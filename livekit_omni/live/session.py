@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# WebSocket close codes (RFC 6455): what a client's reconnect policy keys on (docs/openai-live-protocol.md §7).
+# WebSocket close codes (RFC 6455): what a client's reconnect policy keys on (docs/protocol.md).
 CLOSE_NORMAL: Final = 1000
 CLOSE_POLICY: Final = 1008
 CLOSE_INTERNAL: Final = 1011
@@ -338,7 +338,7 @@ class LiveSession:
             self.emit_error(e)
             return
         cid = cmd.event_id
-        ctype = type(cmd).__struct_config__.tag  # type: ignore[attr-defined]
+        ctype = type(cmd).__struct_config__.tag
         if self.allowed_client_events is not None and ctype not in self.allowed_client_events:
             self.emit(
                 wire.error_event(

@@ -1,7 +1,7 @@
 """The primary Live WebSocket (``/v1/live/sessions`` and ``/live/sessions``): auth, framing, limits, send queue.
 
 Auth is checked *after* the upgrade: a bad key gets an ``error`` event (``invalid_api_key``, which LiveKit treats as
-final) and close 1008, because a refused handshake is something LiveKit retries (docs/openai-live-protocol.md §10).
+final) and close 1008, because a refused handshake is something LiveKit retries (docs/protocol.md).
 Every message is one JSON object in a text frame. Outbound events go through one bounded queue drained by one
 writer task, so the 20 ms output clock never waits on a slow client, events keep their order, and a client that
 stops reading is disconnected instead of buffered without bound.
@@ -16,7 +16,7 @@ from typing import Final
 
 from starlette.websockets import WebSocket
 
-from livekit_omni.app import bearer_token, key_is_valid
+from livekit_omni.auth import bearer_token, key_is_valid
 from livekit_omni.live import wire
 from livekit_omni.live.session import CLOSE_POLICY, CLOSE_TRY_AGAIN, LiveSession, hub_of
 

@@ -1,7 +1,7 @@
 """Wire models of the OpenAI Live facade: every client command it decodes and every server event it builds.
 
-Client commands are ``msgspec`` structs tagged by ``type``; unknown fields are ignored (docs/openai-live-protocol.md
-§2: a compatible server SHOULD ignore them). :func:`decode_command` turns one text frame into a command or a
+Client commands are ``msgspec`` structs tagged by ``type``; unknown fields are ignored (docs/protocol.md:
+a compatible server SHOULD ignore them). :func:`decode_command` turns one text frame into a command or a
 :class:`WireError` that names the problem, so the session answers with an ``error`` event and goes on.
 
 Server events are plain dicts built by the functions at the bottom, each with a fresh ``event_id`` (and
@@ -194,7 +194,7 @@ class _Envelope(msgspec.Struct):
 _command_decoder: Final = msgspec.json.Decoder(ClientCommand)
 _envelope_decoder: Final = msgspec.json.Decoder(_Envelope)
 _KNOWN_TYPES: Final = frozenset(
-    t.__struct_config__.tag  # type: ignore[attr-defined]
+    t.__struct_config__.tag
     for t in (
         SessionStart,
         SessionUpdate,
@@ -282,13 +282,13 @@ class WireFormat:
 
 
 DEFAULT_FORMAT: Final = WireFormat("pcm16", 24_000)
-#: Fixtures are PCM16 24 kHz whatever the session format (§4).
+#: Fixtures are PCM16 24 kHz whatever the session format (docs/protocol.md).
 FIXTURE_FORMAT: Final = WireFormat("pcm16", 24_000)
 
 
 def parse_format(fmt: AudioFormat | None) -> WireFormat:
     if fmt is None:
-        # Not documented; 24 kHz PCM is what LiveKit sends and what fixtures use (§11.1).
+        # Not documented; 24 kHz PCM is what LiveKit sends and what fixtures use (docs/protocol.md).
         return DEFAULT_FORMAT
     p = "session.audio.format"
     if fmt.type == "audio/pcm":
@@ -454,7 +454,7 @@ def check_update(cfg: UpdateConfig, current_delegation: dict[str, Any]) -> dict[
     if cfg.delegation is msgspec.UNSET:
         return None
     # null is "application delegation", i.e. the same type as now.
-    return resolve_delegation(cfg.delegation, current=current_delegation)  # type: ignore[arg-type]
+    return resolve_delegation(cfg.delegation, current=current_delegation)
 
 
 def _resolve_input(items: list[InitialItem]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from livekit import rtc
@@ -26,8 +26,8 @@ from engine_bridge import protocol as p
 from engine_bridge.client import EngineSession
 from engine_bridge.control import ControlError, EngineRequestError
 from engine_bridge.formats import ENGINE_OUTPUT_RATE
+from livekit_omni.plugin.gate import IN_REPLY
 from livekit_omni.plugin.log import logger
-from livekit_omni.plugin.model import IN_REPLY
 from livekit_omni.plugin.session import (
     AppendKind,
     OmniBargeIn,
@@ -320,7 +320,7 @@ class ColocatedSession(OmniSession):
         self.emit("input_speech_stopped", llm.InputSpeechStoppedEvent(user_transcription_enabled=False))
 
     # --- output -----------------------------------------------------------------------------------------------
-    async def _frames(self) -> AsyncIterator[llm.DuplexAudioFrame]:
+    async def _frames(self) -> AsyncGenerator[llm.DuplexAudioFrame, None]:
         """One 20 ms frame per tick, silence included, for as long as the session is open."""
         await self._open_done.wait()
         player = self._player

@@ -1,6 +1,6 @@
 """The remote connection: the OpenAI Live WebSocket of a ``livekit-omni serve`` on another machine.
 
-It behaves like LiveKit's own ``GPTLiveSession`` (docs/openai-live-protocol.md §9) where that makes sense:
+It behaves like LiveKit's own ``GPTLiveSession`` (docs/protocol.md) where that makes sense:
 
 * the configuration is fixed at ``session.start`` (instructions, startup history as ``input``, PCM 24 kHz);
   every command waits for ``session.started``;

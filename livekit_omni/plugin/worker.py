@@ -133,7 +133,7 @@ async def start_agent_session(
     ctx.add_shutdown_callback(model.aclose)
     # The engine owns echo handling and barge-in; LiveKit's AEC warm-up would feed it silence instead of the
     # caller during the agent's first seconds of speech, so the caller could not interrupt the greeting.
-    session = AgentSession(llm=model, aec_warmup_duration=None)
+    session: AgentSession[None] = AgentSession(llm=model, aec_warmup_duration=None)
     if session_io is not None:
         session.input.audio, session.output.audio = session_io(ctx)
         await session.start(agent, record=False)
