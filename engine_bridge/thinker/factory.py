@@ -66,7 +66,7 @@ def make_thinker(settings: EngineSettings) -> ThinkerBackend:
     return TorchThinker(
         TorchThinkerConfig(
             model=source,
-            dtype=dtype,  # type: ignore[arg-type]
+            dtype=dtype,
             device=device,
             threads=settings.threads,
             max_context_tokens=t.max_model_len,

@@ -270,7 +270,8 @@ class TorchThinker(ThinkerBackend):
         torch.set_num_threads(cfg.threads)
         self.loaded = loaded or load_model(cfg.model, dtype=cfg.dtype, cache_dir=cfg.cache_dir)
         self.device = torch.device(cfg.device)
-        self.model = self.loaded.model.to(self.device).eval()
+        self.model = self.loaded.model.eval()
+        nn.Module.to(self.model, self.device)  # in place (PreTrainedModel.to's wrapper hides its signature)
         if self.loaded.dtype == torch.float32 and self.device.type == "cpu":
             _transpose_linears(self.model)
         self.tokenizer = self.loaded.tokenizer

@@ -254,9 +254,11 @@ class VllmEngine:
 
     def pump(self) -> None:
         """One engine iteration (in-process) or the next batch of outputs (own process)."""
+        from vllm.outputs import RequestOutput
+
         for out in self.llm.step():
             st = self._streams.get(out.request_id)
-            if st is None or not out.outputs:
+            if st is None or not isinstance(out, RequestOutput) or not out.outputs:
                 continue  # an aborted request's last output
             comp = out.outputs[0]
             st.tokens.extend(comp.token_ids)
