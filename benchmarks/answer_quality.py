@@ -22,7 +22,8 @@ Server settings: ``--backend`` and ``--model`` go into the engine's thinker sett
 ``engine.thinker.model`` when the settings have them; otherwise only the model, as ``engine.models.thinker``, and
 the torch backend). ``--system-prompt`` sets the server's default system prompt, ``--instructions`` sends session
 instructions (what a client such as LiveKit's ``GPTLiveModel`` does), and ``--env NAME=VALUE`` passes any other
-``LIVEKIT_OMNI_…`` setting.
+``LIVEKIT_OMNI_…`` setting. ``--few-shot`` starts every session with the thinker's example turns
+(``prompting.SPOKEN_EXAMPLES``) as ``session.input`` history.
 
 The machine's other load shows in the latency (on the shared 2-core box, compare runs made back to back).
 
@@ -94,6 +95,12 @@ EXCHANGES: list[tuple[str, str, tuple[str, ...]]] = [
     ("Olivia", "How many days are in a week?", ("seven", "7")),
 ]
 NAME_QUESTION = "What is my name?"
+#: Phrases that make an answer wrong although it holds a keyword ("ice cream" is not frozen water).
+WRONG: dict[str, tuple[str, ...]] = {"What is frozen water called?": ("ice cream",)}
+
+
+def correct(question: str, answer: str, keywords: tuple[str, ...]) -> bool:
+    return mentions(answer, keywords) and not mentions(answer, WRONG.get(question, ()))
 
 
 def mentions(text: str, keywords: tuple[str, ...]) -> bool:
@@ -257,6 +264,7 @@ async def conversation(
     texts: list[tuple[str, str]],
     *,
     instructions: str | None,
+    history: list[dict[str, Any]],
     timeout: float,
 ) -> list[Turn]:
     """One fresh session: speak each (text, kind) once the previous reply is over, then close."""
@@ -270,6 +278,8 @@ async def conversation(
         }
         if instructions:
             session["instructions"] = instructions
+        if history:
+            session["input"] = history
         started = await client.start(session)
         if started.get("type") != "session.started":
             raise RuntimeError(f"session.start refused: {started}")
@@ -293,6 +303,20 @@ async def conversation(
 
 
 # ------------------------------------------------------------------------------------------------ settings
+def example_items() -> list[dict[str, Any]]:
+    """The thinker's spoken example turns as ``session.input`` messages (what any client can send)."""
+    from engine_bridge.thinker.prompting import SPOKEN_EXAMPLES
+
+    return [
+        {
+            "type": "message",
+            "role": m.role,
+            "content": [{"type": "output_text" if m.role == "assistant" else "input_text", "text": m.text}],
+        }
+        for m in SPOKEN_EXAMPLES
+    ]
+
+
 def server_env(backend: str, model: str | None, extra: list[str]) -> tuple[dict[str, str], str]:
     """Environment for the server's thinker choice, and a note on how it was passed.
 
@@ -331,12 +355,16 @@ def _short(text: str, n: int) -> str:
 
 
 def print_table(turns: list[Turn]) -> None:
-    print(f"{'#':>2}  {'kind':10}  {'question (as heard by the server)':44}  {'answer':58}  {'ok':3}  {'ms':>6}")
+    print(
+        f"{'#':>2}  {'kind':10}  {'question (as heard by the server)':44}  {'answer':58}  {'ok':3}  {'ms':>6}"
+    )
     for i, t in enumerate(turns, 1):
         ok = "-" if t.ok is None else ("yes" if t.ok else "NO")
         lat = "-" if t.latency_ms != t.latency_ms else f"{t.latency_ms:6.0f}"
         heard = t.heard or f"({t.question})"
-        print(f"{i:2}  {t.kind:10}  {_short(heard, 44):44}  {_short(t.answer or '-', 58):58}  {ok:3}  {lat:>6}")
+        print(
+            f"{i:2}  {t.kind:10}  {_short(heard, 44):44}  {_short(t.answer or '-', 58):58}  {ok:3}  {lat:>6}"
+        )
         if t.error:
             print(f"    error: {t.error}")
 
@@ -348,6 +376,9 @@ async def main() -> None:
     ap.add_argument("--model", default=None, help="thinker model: a built-in name or a local HF folder")
     ap.add_argument("--instructions", default=None, help="session instructions sent in session.start")
     ap.add_argument("--system-prompt", default=None, help="the server's default system prompt")
+    ap.add_argument(
+        "--few-shot", action="store_true", help="send prompting.SPOKEN_EXAMPLES as session.input history"
+    )
     ap.add_argument("--env", action="append", default=[], metavar="LIVEKIT_OMNI_NAME=VALUE")
     ap.add_argument("--turn-timeout", type=float, default=25.0, help="seconds a reply may take to end")
     ap.add_argument("--ready-timeout", type=float, default=300.0)
@@ -356,31 +387,41 @@ async def main() -> None:
     questions = QUESTIONS[:2] if args.quick else QUESTIONS
     exchanges = EXCHANGES[:1] if args.quick else EXCHANGES
     env, settings_note = server_env(args.backend, args.model, args.env)
+    history = example_items() if args.few_shot else []
     if args.system_prompt is not None:
         env["LIVEKIT_OMNI_ENGINE__MODELS__SYSTEM_PROMPT"] = args.system_prompt
 
     t0 = time.monotonic()
-    server = await asyncio.to_thread(start_server, adapter="cascade", env=env, ready_timeout=args.ready_timeout)
+    server = await asyncio.to_thread(
+        start_server, adapter="cascade", env=env, ready_timeout=args.ready_timeout
+    )
     ready_s = time.monotonic() - t0
     try:
         health = server.health()[1].get("engine", {})
         turns: list[Turn] = []
         for q, keywords in questions:
             (turn,) = await conversation(
-                server, [(q, "question")], instructions=args.instructions, timeout=args.turn_timeout
+                server,
+                [(q, "question")],
+                instructions=args.instructions,
+                history=history,
+                timeout=args.turn_timeout,
             )
-            turn.ok = mentions(turn.answer, keywords)
+            turn.ok = correct(q, turn.answer, keywords)
             turns.append(turn)
-            print(f"[question] {q!r} -> {turn.answer!r} ({turn.latency_ms:.0f} ms)", file=sys.stderr, flush=True)
+            print(
+                f"[question] {q!r} -> {turn.answer!r} ({turn.latency_ms:.0f} ms)", file=sys.stderr, flush=True
+            )
         recalls: list[bool] = []
         for name, q, keywords in exchanges:
             first, second = await conversation(
                 server,
                 [(f"My name is {name}. {q}", "exchange-1"), (NAME_QUESTION, "exchange-2")],
                 instructions=args.instructions,
+                history=history,
                 timeout=args.turn_timeout,
             )
-            first.ok = mentions(first.answer, keywords)
+            first.ok = correct(q, first.answer, keywords)
             second.ok = mentions(second.answer, (name,))
             recalls.append(second.ok)
             turns += [first, second]
@@ -416,6 +457,7 @@ async def main() -> None:
             "settings": settings_note,
             "instructions": args.instructions,
             "system_prompt": args.system_prompt,
+            "few_shot": args.few_shot,
             "quick": args.quick,
             "server_ready_s": ready_s,
             "rows": [
