@@ -39,13 +39,34 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from .base import DecodingSettings, Role
+from .base import DecodingSettings, Message, Role
 
 #: Our own system prompt. Short and concrete: a 135M model follows little more than "be brief", and it is
 #: very sensitive to the wording. Of the variants tried, this one answered the most factual questions right:
 #: adding "No lists, no markdown." or "plain spoken English" made "What is the capital of Germany?" drift
 #: into German and "two plus two" ramble to the token cap.
 DEFAULT_SYSTEM_PROMPT = "You are a helpful voice assistant. Answer in one short English sentence."
+
+#: Example turns for the start of a conversation (after the system segment, before any real history): short
+#: factual answers in the "X is Y." form, and one name exchange showing that a name said earlier is recalled.
+#: Measured with benchmarks/answer_quality.py's questions on SmolLM2-135M (text level, greedy, fp32), without
+#: -> with these turns: accuracy 0.80 -> 0.95, name recall 0.40 -> 1.00, reply length 16.9 -> 9.7 tokens;
+#: on 20 other questions and 5 other names: accuracy 0.65 -> 0.65, name recall 0.60 -> 0.80, 15.5 -> 8.6
+#: tokens. So they fix the format (short answers, "Your name is ...") and recall, not the model's knowledge.
+#: Written into the system prompt as text instead of as turns they did not help accuracy (0.75). Costs ~90
+#: prompt tokens, prefilled once when a session opens. The example name can leak ("... Tom.") once in ~30.
+SPOKEN_EXAMPLES: tuple[Message, ...] = (
+    Message("user", "What is the capital of Spain?"),
+    Message("assistant", "The capital of Spain is Madrid."),
+    Message("user", "What is the smallest planet?"),
+    Message("assistant", "The smallest planet is Mercury."),
+    Message("user", "What animal barks?"),
+    Message("assistant", "A dog barks."),
+    Message("user", "My name is Tom, how many wheels does a bicycle have?"),
+    Message("assistant", "Nice to meet you, Tom. A bicycle has two wheels."),
+    Message("user", "What is my name?"),
+    Message("assistant", "Your name is Tom."),
+)
 
 #: Decoding for spoken replies: greedy (reproducible, and sampling makes a 135M model worse), a mild
 #: repetition penalty against loops, at most two sentences, and a token cap that bounds a reply to ~10 s of
