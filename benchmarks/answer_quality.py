@@ -18,9 +18,8 @@ output pacing. The p50 is over every turn that got a reply (questions and both e
 A reply is over when 1.2 s of output has been quiet after its last loud window and no transcript has arrived for
 1 s, or ``--turn-timeout`` seconds after the question ended.
 
-Server settings: ``--backend`` and ``--model`` go into the engine's thinker settings (``engine.thinker.backend`` /
-``engine.thinker.model`` when the settings have them; otherwise only the model, as ``engine.models.thinker``, and
-the torch backend). ``--system-prompt`` sets the server's default system prompt, ``--instructions`` sends session
+Server settings: ``--backend`` and ``--model`` go into ``engine.thinker.backend`` / ``engine.thinker.model``.
+``--system-prompt`` sets the server's default system prompt, ``--instructions`` sends session
 instructions (what a client such as LiveKit's ``GPTLiveModel`` does), and ``--env NAME=VALUE`` passes any other
 ``LIVEKIT_OMNI_…`` setting. ``--few-shot`` starts every session with the thinker's example turns
 (``prompting.SPOKEN_EXAMPLES``) as ``session.input`` history.
@@ -49,7 +48,6 @@ import numpy as np
 import numpy.typing as npt
 from _common import finish, pct
 
-from engine_bridge.config import EngineSettings
 from livekit_omni.live.client import LiveClient
 from tests.conftest import ServerProcess, start_server
 from tests.speech_fixtures import speech_bounds_ms, synthesize_speech
@@ -318,35 +316,16 @@ def example_items() -> list[dict[str, Any]]:
 
 
 def server_env(backend: str, model: str | None, extra: list[str]) -> tuple[dict[str, str], str]:
-    """Environment for the server's thinker choice, and a note on how it was passed.
-
-    The thinker settings are read from ``EngineSettings`` itself, so this follows the settings as they are:
-    ``engine.thinker.{backend,model}`` when present, else the older ``engine.models.thinker`` (torch only).
-    """
-    env: dict[str, str] = {}
-    fields = EngineSettings.model_fields
-    thinker = fields.get("thinker")
-    thinker_type = getattr(thinker, "annotation", None) if thinker is not None else None
-    thinker_fields = getattr(thinker_type, "model_fields", {})
-    if "backend" in thinker_fields:
-        env["LIVEKIT_OMNI_ENGINE__THINKER__BACKEND"] = backend
-        if model:
-            env["LIVEKIT_OMNI_ENGINE__THINKER__MODEL"] = model
-        note = "engine.thinker.backend/model"
-    else:
-        if backend != "torch":
-            raise SystemExit(
-                f"--backend {backend}: this checkout's EngineSettings has no engine.thinker.backend setting"
-            )
-        if model:
-            env["LIVEKIT_OMNI_ENGINE__MODELS__THINKER"] = model
-        note = "engine.models.thinker (no engine.thinker.backend setting in this checkout; torch only)"
+    """Environment for the server's thinker choice (``engine.thinker.backend`` / ``engine.thinker.model``)."""
+    env: dict[str, str] = {"LIVEKIT_OMNI_ENGINE__THINKER__BACKEND": backend}
+    if model:
+        env["LIVEKIT_OMNI_ENGINE__THINKER__MODEL"] = model
     for item in extra:
         name, sep, value = item.partition("=")
         if not sep or not name.startswith("LIVEKIT_OMNI_"):
             raise SystemExit(f"--env wants LIVEKIT_OMNI_NAME=VALUE, got {item!r}")
         env[name] = value
-    return env, note
+    return env, "engine.thinker.backend/model"
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -389,7 +368,7 @@ async def main() -> None:
     env, settings_note = server_env(args.backend, args.model, args.env)
     history = example_items() if args.few_shot else []
     if args.system_prompt is not None:
-        env["LIVEKIT_OMNI_ENGINE__MODELS__SYSTEM_PROMPT"] = args.system_prompt
+        env["LIVEKIT_OMNI_ENGINE__THINKER__SYSTEM_PROMPT"] = args.system_prompt
 
     t0 = time.monotonic()
     server = await asyncio.to_thread(
