@@ -14,8 +14,8 @@ the 7 earlier turns resident); then ``--tokens`` more batched steps (``ignore_eo
 rate (all sessions' tokens / time). The sessions are rolled back to before the 8th message afterwards, so every
 S starts from the same state. The first (warm-up) pass is not counted.
 
-Device and dtype: ``TorchThinkerConfig`` has no device option; the model is moved to the device here and
-``torch.set_default_device`` makes the backend's own small tensors (input ids, masks, positions) land there too.
+Device and dtype: ``TorchThinkerConfig(device=...)`` puts the weights, the KV and the backend's own tensors
+(input ids, masks, positions) on the device.
 
     python benchmarks/gpu_check.py --out gpu_check.json                      # CUDA, bf16, 1,8,32,128,256
     python benchmarks/gpu_check.py --device cpu --quick --out /tmp/g.json    # small CPU run (smoke test)
@@ -167,6 +167,7 @@ def run_model(
         threads=args.threads,
         max_sessions=max(sizes),
         max_context_tokens=2048,
+        device=args.device,
     )
     thinker = TorchThinker(cfg, loaded=loaded)
     print(
@@ -214,7 +215,6 @@ def main() -> None:
 
     t0 = time.monotonic()
     deadline = t0 + args.time_budget_s
-    torch.set_default_device(args.device)
     result: dict[str, Any] = {
         "device": args.device,
         "device_name": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
