@@ -154,12 +154,11 @@ async def create_webrtc_session(request: Request) -> Response:
     live = LiveSession(hub, transport, accepts_start=False)
     transport.session = live
     if cfg.client is not None:
-        dc = cfg.client["data_channel"]
-        ce, se = dc.get("allowed_client_events"), dc.get("allowed_server_events")
-        if isinstance(ce, list):
-            live.allowed_client_events = frozenset(ce)
-        if isinstance(se, list):
-            live.allowed_server_events = frozenset(x["type"] for x in se)
+        dc = cfg.client.data_channel
+        if isinstance(dc.allowed_client_events, list):
+            live.allowed_client_events = frozenset(dc.allowed_client_events)
+        if isinstance(dc.allowed_server_events, list):
+            live.allowed_server_events = frozenset(x.type for x in dc.allowed_server_events)
     try:
         await live.open_or_raise(cfg)
     except wire.WireError as e:

@@ -92,7 +92,7 @@ class ColocatedSession(OmniSession):
         """Stop the model's speech now (the engine bumps the epoch; queued audio is dropped within a frame)."""
         self._enqueue(lambda es: es.interrupt())
 
-    async def engine_stats(self) -> dict[str, Any]:
+    async def engine_stats(self) -> p.SessionStats:
         """The engine's own view of the session: its conversation log, turns, barge-ins, playout."""
         if self._es is None or self._es.closed:
             raise llm.RealtimeError("the engine session is not open")
