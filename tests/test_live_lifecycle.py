@@ -17,7 +17,7 @@ import pytest
 
 from livekit_omni.live import wire
 from livekit_omni.testing.live_client import LiveClient
-from media.webrtc import WebRTCCaller
+from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from tests.conftest import ServerProcess, start_server
 
 LIFETIME_S = 2.0

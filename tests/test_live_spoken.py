@@ -27,8 +27,9 @@ from openai import AsyncOpenAI
 
 from livekit_omni.live import wire
 from livekit_omni.testing.live_client import LiveClient
+from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from media.codecs import ulaw_decode, ulaw_encode
-from media.webrtc import WebRTCCaller, enable_loopback_ice
+from media.webrtc import enable_loopback_ice
 from tests.conftest import ServerProcess, start_server
 from tests.speech_fixtures import synthesize_speech
 
