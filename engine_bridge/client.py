@@ -40,6 +40,8 @@ class EngineSession:
         self.events: asyncio.Queue[p.SessionEvent] = asyncio.Queue(EVENT_QUEUE_LIMIT)
         self.closed = False
         self.close_reason = ""
+        #: The engine reaps the session after this long without activity (set from its SessionOpened).
+        self.idle_ttl_s = 0.0
 
     # --- audio -----------------------------------------------------------------------------------------------
     def ring_doorbell(self) -> None:
@@ -176,7 +178,7 @@ class EngineClient:
         self.sessions[sid] = session  # registered first: events may arrive before the reply
         try:
             ing, eg = rings.names
-            await self.call(
+            opened = await self.call(
                 p.OpenSession(
                     req_id=0, session_id=sid, ingress=ing, egress=eg, config=config or p.SessionConfig()
                 ),
@@ -186,6 +188,7 @@ class EngineClient:
         except BaseException:
             session._finish("open_failed")
             raise
+        session.idle_ttl_s = opened.idle_ttl_s
         return session
 
     async def close(self) -> None:

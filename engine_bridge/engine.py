@@ -298,7 +298,10 @@ class Engine:
         log.info(
             "session %s opened (%d/%d)", session.id, len(self.manager.sessions), self.settings.max_sessions
         )
-        return p.Reply(req_id=cmd.req_id, result=p.SessionOpened(session_id=session.id, epoch=session.epoch))
+        return p.Reply(
+            req_id=cmd.req_id,
+            result=p.SessionOpened(session_id=session.id, epoch=session.epoch, idle_ttl_s=ttl),
+        )
 
     async def _close_session(self, session: DuplexSession, reason: str) -> None:
         if session.closing:

@@ -185,6 +185,8 @@ class EngineHealth(_Result, kw_only=True):
 class SessionOpened(_Result):
     session_id: str
     epoch: int
+    #: The session is reaped after this long without activity (caller audio read, or a command).
+    idle_ttl_s: float
 
 
 class TextAppended(_Result):

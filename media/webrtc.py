@@ -16,8 +16,11 @@ a :class:`WebRTCPeer` whose ``answer_sdp`` goes back to the client. The peer
 * never contacts a STUN/TURN server unless one is configured (aiortc's default is Google's public STUN server).
 
 It does not own the engine session: :meth:`WebRTCPeer.close` frees the peer, its tasks and buffers, and the caller
-closes the session. Route the session's :class:`~engine_bridge.protocol.OutputTranscript` events to
-``peer.player.add_transcript``; ``on_output_frame`` then sees them in the frame whose audio they belong to.
+closes the session. Given a :class:`~media.bridge.SessionBridge` instead of a bare session, the peer uses the
+bridge's ingress writer and egress player, and the bridge's event pump routes the model's
+:class:`~engine_bridge.protocol.OutputTranscript` events to that player (with a bare session, route them to
+``peer.player.add_transcript`` yourself); ``on_output_frame`` then sees them in the frame whose audio they belong
+to.
 
 Loopback use (tests, benchmarks, a browser on the same machine): aioice never gathers 127.0.0.1, so
 :func:`enable_loopback_ice` patches its host-address lookup process-wide, and ``loopback_only`` strips every offered
@@ -57,6 +60,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.utils import uint16_add
 from av import AudioFrame, Packet
 
+from media.bridge import SessionBridge
 from media.codecs import (
     G711_RATE,
     OPUS_RATE,
@@ -351,7 +355,8 @@ class WebRTCPeer:
         self.session = session
         self.answer_sdp = ""
         self.codec = ""
-        self.writer = IngressWriter(session)
+        # A bridge owns the session's writer and player (and closes them); a bare session gets the peer's own.
+        self.writer = session.writer if isinstance(session, SessionBridge) else IngressWriter(session)
         self.player: EgressPlayer | None = None
         self.track: EgressTrack | None = None
         self.channel: RTCDataChannel | None = None
@@ -647,7 +652,11 @@ async def answer_offer(
         install_jitter_buffer(transceiver.receiver, jitter_prefetch)
         peer.codec = negotiated_mime(transceiver)
         rate = _output_rate_for(peer.codec)
-        peer.player = EgressPlayer(session, rate=rate)
+        peer.player = (
+            session.open_output(rate=rate)
+            if isinstance(session, SessionBridge)
+            else EgressPlayer(session, rate=rate)
+        )
         # The client's direction as seen from here: "sendrecv"/"sendonly" means it wants to hear us.
         if getattr(transceiver, "_offerDirection", "sendrecv") in ("sendrecv", "sendonly"):
             peer.track = EgressTrack(peer.player, codec=peer.codec, on_frame=on_output_frame, encoder=encoder)

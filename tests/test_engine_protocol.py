@@ -25,7 +25,7 @@ def test_every_command_has_a_result_type() -> None:
     "result",
     [
         p.Ack(),
-        p.SessionOpened(session_id="s", epoch=1),
+        p.SessionOpened(session_id="s", epoch=1, idle_ttl_s=120.0),
         p.TextAppended(start_ms=10, end_ms=10),
         p.MuteSet(muted=True),
         p.Interrupted(epoch=3),

@@ -8,8 +8,10 @@ the protocol's own bookkeeping: lifetime, usage, input backpressure, fixtures, a
 Who runs what (all on the event loop, never blocking it):
 
 * the transport's receive loop calls :meth:`LiveSession.handle_text` for each client message, in order;
-* one task per session drains the engine's event queue (:meth:`_pump_engine_events`);
-* one task per session does the 1 s housekeeping (lifetime, usage, engine keep-alive);
+* the session's :class:`~media.bridge.SessionBridge` owns its ingress writer, egress player, engine event pump
+  (which calls :meth:`LiveSession._on_engine_event`) and engine keep-alive, as for every consumer of an engine
+  session (the WebRTC peer uses the bridge's writer and player);
+* one task per session does the 1 s housekeeping (lifetime, usage);
 * :class:`LiveHub` ticks every WebSocket session's output once per 20 ms from one shared clock, so a thousand
   sessions cost one timer, not a thousand.
 """
@@ -17,7 +19,6 @@ Who runs what (all on the event loop, never blocking it):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import secrets
@@ -35,6 +36,7 @@ from engine_bridge.formats import ENGINE_OUTPUT_RATE, FRAME_MS
 from livekit_omni.live import wire
 from livekit_omni.live.eventlog import event_log
 from livekit_omni.supervisor import EngineUnavailableError
+from media.bridge import SessionBridge
 from media.codecs import AudioEncoding, alaw_encode, ulaw_encode
 from media.egress import EgressPlayer, OutputFrame, TranscriptDelta
 from media.ingress import IngressWriter
@@ -244,6 +246,8 @@ class LiveSession:
         self.state = "new"  # new -> opening -> active -> closed
         self.config: wire.ResolvedConfig | None = None
         self.engine: EngineSession | None = None
+        #: The engine session's media, event pump and keep-alive (made when the engine session opens).
+        self.bridge: SessionBridge | None = None
         self.player: EgressPlayer | None = None
         #: Where output frames are pulled from: the player with fixture overlay.
         self.output: FixtureOverlay | None = None
@@ -489,6 +493,7 @@ class LiveSession:
             raise self._refused("engine_error", f"the engine refused the session: {e.message}") from e
         except (ControlError, TimeoutError) as e:
             raise self._refused("engine_unavailable", f"the engine did not answer: {e}") from e
+        self.bridge = SessionBridge(self.engine, self._on_engine_event)
         self.hub.add(self)
 
     def _refused(self, code: str, message: str) -> wire.WireError:
@@ -498,7 +503,7 @@ class LiveSession:
 
     def announce(self, *, client_event_id: str | None = None) -> None:
         """Send ``session.started`` and start the session's clocks (after the engine session is open)."""
-        assert self.engine is not None and self.config is not None
+        assert self.bridge is not None and self.config is not None
         self.state = "active"
         self.started_at = time.monotonic()
         self._last_input = self._backlog_at = self.started_at
@@ -507,8 +512,9 @@ class LiveSession:
         self.metrics.active_sessions.labels(transport=self.transport.kind).inc()
         if self.transport.carries_audio and self.config.format is not None:
             fmt = self.config.format
-            self.writer = IngressWriter(self.engine, encoding=fmt.encoding, rate=fmt.rate)
-            self.attach_player(EgressPlayer(self.engine, rate=fmt.rate, encoding=fmt.encoding))
+            self.writer = self.bridge.writer
+            self.writer.set_format(fmt.encoding, fmt.rate)
+            self.attach_player(self.bridge.open_output(rate=fmt.rate, encoding=fmt.encoding))
         self.emit(wire.SessionStarted(client_event_id=client_event_id, session=self.resource()))
         if self.config.store_requested:
             self.emit(
@@ -517,7 +523,7 @@ class LiveSession:
                     message="this server does not store sessions (no fork or recording download); store is ignored",
                 )
             )
-        self.spawn(self._pump_engine_events())
+        self.bridge.start()
         self.spawn(self._housekeeping())
         if self.transport.carries_audio and self.output is not None:
             self.hub.start_ticking(self)
@@ -705,24 +711,13 @@ class LiveSession:
             self._emit_output_transcripts(frame.transcripts)
 
     # --- engine events --------------------------------------------------------------------------------------
-    async def _pump_engine_events(self) -> None:
-        engine = self.engine
-        assert engine is not None
-        while True:
-            ev = await engine.events.get()
-            if isinstance(ev, p.SessionClosed):
-                await self._engine_closed(ev.reason)
-                return
-            try:
-                self._on_engine_event(ev)
-            except Exception:
-                log.exception("session %s: engine event %s failed", self.id, type(ev).__name__)
-
     def _on_engine_event(self, ev: p.SessionEvent) -> None:
+        """One engine event, from the bridge's pump (model text has already gone to the player)."""
+        if self.state == "closed":
+            return  # session.closed was the last event; the bridge stops when the end completes
         match ev:
-            case p.OutputTranscript():
-                if self.output is not None:
-                    self.output.add_transcript(ev)
+            case p.SessionClosed():
+                self.spawn(self._engine_closed(ev.reason))
             case p.InputTranscript(final=True):
                 text = ev.text.strip()
                 if text:
@@ -767,9 +762,6 @@ class LiveSession:
         limits = self.settings.limits
         deadline = self.started_at + limits.session_lifetime_s
         next_usage = self.started_at + USAGE_INTERVAL_S
-        # The engine reaps sessions nobody touches; a connected client that is merely quiet is not gone.
-        touch_every = max(1.0, self.settings.engine.idle_ttl_s / 4)
-        last_touch = self.started_at
         while self.state == "active":
             now = time.monotonic()
             if now >= deadline:
@@ -778,10 +770,6 @@ class LiveSession:
             if now >= next_usage:
                 next_usage += USAGE_INTERVAL_S
                 self.emit(self._usage_event())
-            if self.engine is not None and now - max(self._last_input, last_touch) >= touch_every:
-                last_touch = now
-                with contextlib.suppress(ControlError, TimeoutError):
-                    await asyncio.wait_for(self.engine.touch(), ENGINE_REQUEST_TIMEOUT_S)
             await asyncio.sleep(min(1.0, max(0.01, deadline - time.monotonic())))
 
     def _usage_event(self) -> wire.UsageUpdated:
@@ -829,14 +817,13 @@ class LiveSession:
             )
         if was_active:
             self.metrics.active_sessions.labels(transport=self.transport.kind).dec()
-        # Stop touching the rings before the engine session releases them.
-        if self.player is not None:
-            self.player.close()
-        if self.writer is not None:
-            self.writer.close()
         await self.transport.close(code, close_reason or reason or "")
-        if self.engine is not None:
-            await self.engine.close("client" if reason in (None, "close_requested") else reason)
+        # The bridge stops touching the rings before the engine session releases them.
+        engine_reason = "client" if reason in (None, "close_requested") else reason
+        if self.bridge is not None:
+            await self.bridge.close(engine_reason)
+        elif self.engine is not None:
+            await self.engine.close(engine_reason)
         log.info("session %s ended: %s (close %d)", self.id, reason or "client gone", code)
 
     async def transport_closed(self) -> None:

@@ -165,7 +165,7 @@ async def create_webrtc_session(request: Request) -> Response:
         status = 503 if e.code in ("session_limit_reached", "engine_unavailable") else 500
         hub.metrics.errors.labels(code=e.code).inc()
         return _error(status, e.code, e.message, type=e.type)
-    assert live.engine is not None
+    assert live.bridge is not None
 
     async def on_state(state: str) -> None:
         if state in ("failed", "closed"):
@@ -180,7 +180,7 @@ async def create_webrtc_session(request: Request) -> Response:
     try:
         peer = await answer_offer(
             req.transport.sdp,
-            live.engine,
+            live.bridge,
             ice_servers=_ice_servers(settings.webrtc.ice_servers),
             loopback_only=True if settings.webrtc.loopback_only else None,
             on_datachannel_message=live.handle_text,
