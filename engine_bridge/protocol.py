@@ -218,7 +218,6 @@ class LogEntry(msgspec.Struct, kw_only=True):
     role: str
     text: str
     epoch: int
-    turn_id: int
     turn_id: int = 0
     audio_start_ms: int = 0
     audio_end_ms: int = 0

@@ -83,7 +83,7 @@ class SessionBridge:
         self.session.ring_doorbell()
 
     # --- life ------------------------------------------------------------------------------------------------
-    def open_output(self, *, rate: int, encoding: AudioEncoding = AudioEncoding.PCM16) -> EgressPlayer:
+    def open_output(self, *, rate: int, encoding: AudioEncoding | str = AudioEncoding.PCM16) -> EgressPlayer:
         """Make the egress player at the consumer's output rate and encoding (once)."""
         if self.player is not None:
             raise RuntimeError("the bridge's output is already open")

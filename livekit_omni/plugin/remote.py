@@ -191,12 +191,15 @@ class RemoteSession(OmniSession):
 
     # --- subclass verbs -------------------------------------------------------------------------------------------
     def _send_append(self, kind: AppendKind, text: str) -> None:
-        append = {
-            "instructions": wire.InstructionsAppend,
-            "thinking": wire.ThinkingAppend,
-            "commentary": wire.CommentaryAppend,
-        }[kind]
-        self._queue_command(append(event_id=utils.shortuuid("append_"), content=text, delegation_id=None))
+        event_id = utils.shortuuid("append_")
+        command: wire.TextAppend
+        if kind == "instructions":
+            command = wire.InstructionsAppend(event_id=event_id, content=text, delegation_id=None)
+        elif kind == "thinking":
+            command = wire.ThinkingAppend(event_id=event_id, content=text, delegation_id=None)
+        else:
+            command = wire.CommentaryAppend(event_id=event_id, content=text, delegation_id=None)
+        self._queue_command(command)
 
     def _request_reply(self, instructions: str | None) -> None:
         # The Live protocol has no reply verb: commentary is "say this now, in your own words". A bare ask is the

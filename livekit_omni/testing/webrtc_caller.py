@@ -35,7 +35,7 @@ class _SourceTrack(MediaStreamTrack):
         self._audio = np.zeros(n, dtype=np.int16)
         self._audio[: audio.shape[0]] = audio
         self._frames = n // OPUS_FRAME_SAMPLES
-        self._loop = loop
+        self._looping = loop  # (MediaStreamTrack's event emitter owns ``_loop``)
         self._codec = codec
         self._packets: list[bytes] | None = None
         self._silence_packet = b""
@@ -48,7 +48,7 @@ class _SourceTrack(MediaStreamTrack):
     def _frame_index(self) -> int | None:
         if self.sent < self._frames:
             return self.sent
-        return self.sent % self._frames if self._loop else None
+        return self.sent % self._frames if self._looping else None
 
     async def recv(self) -> AudioFrame | Packet:  # type: ignore[override]
         if self.readyState != "live":
@@ -158,6 +158,8 @@ class WebRTCCaller:
         try:
             while True:
                 frame = await track.recv()
+                if not isinstance(frame, AudioFrame):
+                    continue  # an audio track's receiver yields decoded frames
                 now = time.monotonic()
                 pcm = frame_to_mono_pcm16(frame)
                 self.rate = frame.sample_rate
