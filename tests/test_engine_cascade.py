@@ -181,7 +181,7 @@ async def test_text_into_the_conversation_and_speak_now(client: EngineClient) ->
     )
     d = SessionDriver(session)
     r1 = await session.append_text("instructions", "Always mention that the bakery opens at eight.")
-    assert r1["start_ms"] == r1["end_ms"]
+    assert r1.start_ms == r1.end_ms
     await session.append_text("thinking", "The caller's name is Bob.")
     await d.run(seconds=0.5)
     assert not d.of(p.ReplyStarted), "instructions and silent context must not make the model speak"
