@@ -67,10 +67,11 @@ from engine_bridge import protocol as p
 from engine_bridge.client import EngineClient, EngineSession
 from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE
 from engine_bridge.ring import RingPair
+from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from media.codecs import OpusDecoder, OpusEncoder
 from media.egress import EgressPlayer
 from media.ingress import IngressWriter, frame_to_mono_pcm16
-from media.webrtc import WebRTCCaller, WebRTCPeer, answer_offer, enable_loopback_ice
+from media.webrtc import WebRTCPeer, answer_offer, enable_loopback_ice
 from tests.speech_fixtures import voice_like
 
 STEPS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]
@@ -240,7 +241,7 @@ async def connect_engine(proc: subprocess.Popen[bytes], address: str) -> EngineC
                 raise
             await asyncio.sleep(0.1)
     for _ in range(600):
-        if (await client.ping())["state"] == "ready":
+        if (await client.ping()).state == "ready":
             return client
         await asyncio.sleep(0.1)
     raise RuntimeError("engine did not become ready")

@@ -70,7 +70,7 @@ async def run_mode(name: str, engine_settings: dict[str, Any], turns: int) -> li
             speech_end_wall = d.marks[marks_before]
             first = next((pl.wall for pl in d.played if pl.turn_id == done.turn_id), None)
             stats = await session.stats()
-            rec = next((r for r in stats["turn_records"] if r["turn_id"] == done.turn_id), {})
+            rec = next((r for r in stats.extra["turn_records"] if r["turn_id"] == done.turn_id), {})
             v2v = (first - speech_end_wall) * 1000 if first is not None else float("nan")
             rows.append(
                 {

@@ -11,10 +11,10 @@ import contextlib
 import logging
 import secrets
 from collections.abc import AsyncIterator
-from typing import Any, Final
+from typing import Final
 
 from engine_bridge import protocol as p
-from engine_bridge.control import Address, ControlClient, EngineLostError, EngineRequestError
+from engine_bridge.control import Address, ControlClient, EngineLostError, EngineRequestError, R, result_as
 from engine_bridge.doorbell import DoorbellButton
 from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE
 from engine_bridge.ring import RingPair
@@ -40,6 +40,8 @@ class EngineSession:
         self.events: asyncio.Queue[p.SessionEvent] = asyncio.Queue(EVENT_QUEUE_LIMIT)
         self.closed = False
         self.close_reason = ""
+        #: The engine reaps the session after this long without activity (set from its SessionOpened).
+        self.idle_ttl_s = 0.0
 
     # --- audio -----------------------------------------------------------------------------------------------
     def ring_doorbell(self) -> None:
@@ -48,21 +50,21 @@ class EngineSession:
             self.client.ring_doorbell()
 
     # --- commands ------------------------------------------------------------------------------------------
-    async def append_text(self, kind: str, text: str) -> dict[str, Any]:
-        reply = await self.client.request(p.AppendText(req_id=0, session_id=self.id, kind=kind, text=text))  # type: ignore[arg-type]
-        return reply.result
+    async def append_text(self, kind: p.AppendKind, text: str) -> p.TextAppended:
+        cmd = p.AppendText(req_id=0, session_id=self.id, kind=kind, text=text)
+        return await self.client.call(cmd, p.TextAppended)
 
-    async def set_mute(self, muted: bool) -> dict[str, Any]:
-        return (await self.client.request(p.SetMute(req_id=0, session_id=self.id, muted=muted))).result
+    async def set_mute(self, muted: bool) -> p.MuteSet:
+        return await self.client.call(p.SetMute(req_id=0, session_id=self.id, muted=muted), p.MuteSet)
 
-    async def interrupt(self) -> dict[str, Any]:
-        return (await self.client.request(p.Interrupt(req_id=0, session_id=self.id))).result
+    async def interrupt(self) -> p.Interrupted:
+        return await self.client.call(p.Interrupt(req_id=0, session_id=self.id), p.Interrupted)
 
     async def touch(self) -> None:
-        await self.client.request(p.Touch(req_id=0, session_id=self.id))
+        await self.client.call(p.Touch(req_id=0, session_id=self.id), p.Ack)
 
-    async def stats(self) -> dict[str, Any]:
-        return (await self.client.request(p.GetStats(req_id=0, session_id=self.id))).result
+    async def stats(self) -> p.SessionStats:
+        return await self.client.call(p.GetStats(req_id=0, session_id=self.id), p.SessionStats)
 
     async def close(self, reason: str = "client", *, timeout: float = 5.0) -> None:
         """Ask the engine to close the session, then release the rings. Idempotent, never raises."""
@@ -121,8 +123,8 @@ class EngineClient:
         self._control = await ControlClient.connect(
             addr, on_event=self._on_event, on_lost=self._on_lost, timeout=timeout, client_name=client_name
         )
-        if self.hello.get("doorbell"):
-            self._bell = DoorbellButton(self.hello["doorbell"])
+        if self.hello is not None and self.hello.doorbell:
+            self._bell = DoorbellButton(self.hello.doorbell)
         return self
 
     def ring_doorbell(self) -> None:
@@ -131,8 +133,9 @@ class EngineClient:
             self._bell.ring_soon()
 
     @property
-    def hello(self) -> dict[str, Any]:
-        return self._control.hello if self._control else {}
+    def hello(self) -> p.EngineHealth | None:
+        """The engine's health as it answered Hello."""
+        return self._control.hello if self._control else None
 
     async def wait_lost(self) -> None:
         await self._lost_event.wait()
@@ -142,8 +145,16 @@ class EngineClient:
             raise EngineLostError("the engine is not connected")
         return await self._control.request(cmd, timeout=timeout)
 
-    async def ping(self, timeout: float = 2.0) -> dict[str, Any]:
-        return (await self.request(p.Ping(req_id=0), timeout=timeout)).result
+    async def call(self, cmd: p.Command, result_type: type[R], *, timeout: float = 5.0) -> R:
+        """Send ``cmd`` and return its reply's result as ``result_type`` (``p.RESULT_OF[type(cmd)]``)."""
+        return result_as(await self.request(cmd, timeout=timeout), cmd, result_type)
+
+    async def ping(self, timeout: float = 2.0) -> p.EngineHealth:
+        return await self.call(p.Ping(req_id=0), p.EngineHealth, timeout=timeout)
+
+    async def session_stats(self, session_id: str, timeout: float = 5.0) -> p.SessionStats:
+        """Any session's stats by id (also one another client opened, e.g. a Live session's)."""
+        return await self.call(p.GetStats(req_id=0, session_id=session_id), p.SessionStats, timeout=timeout)
 
     async def open_session(
         self,
@@ -167,15 +178,17 @@ class EngineClient:
         self.sessions[sid] = session  # registered first: events may arrive before the reply
         try:
             ing, eg = rings.names
-            await self.request(
+            opened = await self.call(
                 p.OpenSession(
                     req_id=0, session_id=sid, ingress=ing, egress=eg, config=config or p.SessionConfig()
                 ),
+                p.SessionOpened,
                 timeout=timeout,
             )
         except BaseException:
             session._finish("open_failed")
             raise
+        session.idle_ttl_s = opened.idle_ttl_s
         return session
 
     async def close(self) -> None:

@@ -22,7 +22,7 @@ import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final, TypeVar
 
 import msgspec
 
@@ -48,6 +48,10 @@ class EngineLostError(ControlError):
 
 class RequestTimeout(ControlError):
     pass
+
+
+class UnexpectedReply(ControlError):
+    """The engine answered a command with a result of another command's type (a protocol bug)."""
 
 
 class EngineRequestError(ControlError):
@@ -235,6 +239,17 @@ class ControlServer:
 # --- serving side -----------------------------------------------------------------------------------------------
 
 EventCallback = Callable[[p.SessionEvent], None]
+R = TypeVar("R", bound=p.ReplyResult)
+
+
+def result_as(reply: p.Reply, cmd: p.Command, result_type: type[R]) -> R:
+    """The reply's result as ``result_type``; raises :class:`UnexpectedReply` when it is another result."""
+    result = reply.result
+    if not isinstance(result, result_type):
+        raise UnexpectedReply(
+            f"{type(cmd).__name__} was answered with {type(result).__name__}, not {result_type.__name__}"
+        )
+    return result
 
 
 class ControlClient:
@@ -253,7 +268,8 @@ class ControlClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[p.Reply]] = {}
         self.closed = False
-        self.hello: dict[str, Any] = {}
+        #: The engine's health as it answered Hello (set by :meth:`connect`).
+        self.hello: p.EngineHealth | None = None
         self._read_task = asyncio.create_task(self._read_loop())
 
     @classmethod
@@ -276,8 +292,9 @@ class ControlClient:
         except (OSError, TimeoutError) as e:
             raise EngineLostError(f"cannot reach the engine at {addr}: {e}") from e
         client = cls(reader, writer, on_event=on_event, on_lost=on_lost)
-        reply = await client.request(p.Hello(req_id=0, client=client_name, pid=os.getpid()), timeout=timeout)
-        client.hello = reply.result
+        client.hello = await client.call(
+            p.Hello(req_id=0, client=client_name, pid=os.getpid()), p.EngineHealth, timeout=timeout
+        )
         return client
 
     def next_id(self) -> int:
@@ -300,6 +317,10 @@ class ControlClient:
             raise EngineLostError(f"engine connection failed: {e}") from e
         finally:
             self._pending.pop(cmd.req_id, None)
+
+    async def call(self, cmd: p.Command, result_type: type[R], *, timeout: float = 5.0) -> R:
+        """:meth:`request`, returning the reply's result decoded as ``result_type`` (``p.RESULT_OF[type(cmd)]``)."""
+        return result_as(await self.request(cmd, timeout=timeout), cmd, result_type)
 
     def send_raw(self, frame: bytes) -> None:
         """Write pre-encoded bytes (tests use it to send undecodable frames)."""

@@ -222,13 +222,13 @@ class Engine:
                         code=p.ErrorCode.INVALID_REQUEST,
                         message=f"protocol {cmd.protocol} not supported; engine speaks {p.PROTOCOL_VERSION}",
                     )
-                return p.Reply(req_id=cmd.req_id, result=self.health())
+                return p.Reply(req_id=cmd.req_id, result=p.EngineHealth.from_fields(self.health()))
             case p.Ping():
-                return p.Reply(req_id=cmd.req_id, result=self.health())
+                return p.Reply(req_id=cmd.req_id, result=p.EngineHealth.from_fields(self.health()))
             case p.OpenSession():
                 return await self._open(conn, cmd)
             case p.GetStats() if not cmd.session_id:
-                return p.Reply(req_id=cmd.req_id, result=self.health())
+                return p.Reply(req_id=cmd.req_id, result=p.EngineHealth.from_fields(self.health()))
         session = self.manager.get(cmd.session_id)
         if session is None or session.closing:
             return p.ErrorReply(
@@ -242,23 +242,23 @@ class Engine:
                 at = session.input_ms
                 session.post(TextAppend(cmd.kind, cmd.text, at))
                 self._wake.set()
-                return p.Reply(req_id=cmd.req_id, result={"start_ms": at, "end_ms": at})
+                return p.Reply(req_id=cmd.req_id, result=p.TextAppended(start_ms=at, end_ms=at))
             case p.SetMute():
                 session.muted = cmd.muted
                 session.post(MuteChange(cmd.muted))
-                return p.Reply(req_id=cmd.req_id, result={"muted": cmd.muted})
+                return p.Reply(req_id=cmd.req_id, result=p.MuteSet(muted=cmd.muted))
             case p.Interrupt():
                 epoch = session.bump_epoch()
                 session.post(InterruptRequest(epoch))
                 self._wake.set()
-                return p.Reply(req_id=cmd.req_id, result={"epoch": epoch})
+                return p.Reply(req_id=cmd.req_id, result=p.Interrupted(epoch=epoch))
             case p.Touch():
                 return p.Reply(req_id=cmd.req_id)
             case p.CloseSession():
                 await self._close_session(session, cmd.reason)
                 return p.Reply(req_id=cmd.req_id)
             case p.GetStats():
-                return p.Reply(req_id=cmd.req_id, result=session.snapshot())
+                return p.Reply(req_id=cmd.req_id, result=p.SessionStats.from_fields(session.snapshot()))
         return p.ErrorReply(
             req_id=cmd.req_id, code=p.ErrorCode.INVALID_REQUEST, message=f"unhandled {type(cmd).__name__}"
         )
@@ -298,7 +298,10 @@ class Engine:
         log.info(
             "session %s opened (%d/%d)", session.id, len(self.manager.sessions), self.settings.max_sessions
         )
-        return p.Reply(req_id=cmd.req_id, result={"session_id": session.id, "epoch": session.epoch})
+        return p.Reply(
+            req_id=cmd.req_id,
+            result=p.SessionOpened(session_id=session.id, epoch=session.epoch, idle_ttl_s=ttl),
+        )
 
     async def _close_session(self, session: DuplexSession, reason: str) -> None:
         if session.closing:

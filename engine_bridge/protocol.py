@@ -80,6 +80,9 @@ class OpenSession(_Msg):
     config: SessionConfig = msgspec.field(default_factory=SessionConfig)
 
 
+AppendKind = Literal["instructions", "thinking", "commentary", "speak_now"]
+
+
 class AppendText(_Msg):
     """Text into the conversation.
 
@@ -90,7 +93,7 @@ class AppendText(_Msg):
 
     req_id: int
     session_id: str
-    kind: Literal["instructions", "thinking", "commentary", "speak_now"]
+    kind: AppendKind
     text: str = ""
 
 
@@ -131,9 +134,145 @@ Command = Hello | Ping | OpenSession | AppendText | SetMute | Interrupt | Touch 
 # --- replies (engine -> client) --------------------------------------------------------------------------------
 
 
+# Each command has one result type (:data:`RESULT_OF`); a :class:`Reply` carries it, tagged, so the serving side
+# decodes it by type instead of reading a dict.
+
+
+class _Result(msgspec.Struct, tag_field="type", tag=str.lower, kw_only=True, omit_defaults=True):
+    pass
+
+
+class Ack(_Result):
+    """A command that has nothing to report (Touch, CloseSession)."""
+
+
+class EngineHealth(_Result, kw_only=True):
+    """The engine's state and load (Hello, Ping, and GetStats without a session): what /health shows."""
+
+    engine_pid: int
+    state: str
+    error: str | None = None
+    protocol: int = PROTOCOL_VERSION
+    max_sessions: int
+    active_sessions: int
+    opened_sessions: int = 0
+    rejected_sessions: int = 0
+    uptime_s: float = 0.0
+    rss_bytes: int = 0
+    #: Path of the engine's doorbell FIFO ("" without one).
+    doorbell: str = ""
+    #: Whether the ingress ring's per-frame path is the C core (else pure Python).
+    ring_native: bool = False
+    audio_tick_overruns: int = 0
+    adapter: str = ""
+    #: What the adapter adds about its models (names, KV-cache bytes, ...), adapter-specific.
+    details: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, Any]) -> EngineHealth:
+        """Build from a flat mapping (the engine's health dict): the named fields, everything else in ``details``."""
+        known = {k: v for k, v in fields.items() if k in cls.__struct_fields__ and k != "details"}
+        details = {k: v for k, v in fields.items() if k not in cls.__struct_fields__}
+        return msgspec.convert({**known, "details": details}, cls)
+
+    def flat(self) -> dict[str, Any]:
+        """The flat mapping /health reports: the named fields with ``details`` merged in."""
+        out = msgspec.structs.asdict(self)
+        details = out.pop("details")
+        return {**out, **details}
+
+
+class SessionOpened(_Result):
+    session_id: str
+    epoch: int
+    #: The session is reaped after this long without activity (caller audio read, or a command).
+    idle_ttl_s: float
+
+
+class TextAppended(_Result):
+    """Where the text landed on the session's input timeline (ms)."""
+
+    start_ms: int
+    end_ms: int
+
+
+class MuteSet(_Result):
+    muted: bool
+
+
+class Interrupted(_Result):
+    """The epoch after the bump: audio of older epochs is stale."""
+
+    epoch: int
+
+
+class PlayoutPosition(msgspec.Struct, kw_only=True):
+    epoch: int
+    turn_id: int
+    samples: int
+
+
+class LogEntry(msgspec.Struct, kw_only=True):
+    """One message of the engine's conversation log."""
+
+    role: str
+    text: str
+    epoch: int
+    turn_id: int = 0
+    audio_start_ms: int = 0
+    audio_end_ms: int = 0
+    token_start: int = 0
+    token_end: int = 0
+    interrupted: bool = False
+
+
+class SessionStats(_Result, kw_only=True):
+    """One session as the engine sees it (GetStats with a session): counters, playout and conversation log."""
+
+    session_id: str
+    state: str
+    epoch: int
+    turn_id: int
+    input_seconds: float
+    output_seconds: float
+    turns: int
+    barge_ins: int
+    ignored_short_speech: int = 0
+    ingress_overruns: int = 0
+    egress_overruns: int = 0
+    stale_dropped: int = 0
+    playout: PlayoutPosition
+    log: list[LogEntry] = msgspec.field(default_factory=list)
+    #: The adapter's own counters (turn latencies, speculation, ...), adapter-specific.
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, Any]) -> SessionStats:
+        """Build from the engine session's flat snapshot: the named fields, everything else in ``extra``."""
+        known = {k: v for k, v in fields.items() if k in cls.__struct_fields__ and k != "extra"}
+        extra = {k: v for k, v in fields.items() if k not in cls.__struct_fields__}
+        return msgspec.convert({**known, "extra": extra}, cls)
+
+
+ReplyResult = Ack | EngineHealth | SessionOpened | TextAppended | MuteSet | Interrupted | SessionStats
+
+#: The result type each command's :class:`Reply` carries. GetStats answers EngineHealth without a session.
+RESULT_OF: Final[dict[type[Command], type[ReplyResult]]] = {
+    Hello: EngineHealth,
+    Ping: EngineHealth,
+    OpenSession: SessionOpened,
+    AppendText: TextAppended,
+    SetMute: MuteSet,
+    Interrupt: Interrupted,
+    Touch: Ack,
+    CloseSession: Ack,
+    GetStats: SessionStats,
+}
+
+
 class Reply(_Msg):
     req_id: int
-    result: dict[str, Any] = msgspec.field(default_factory=dict)
+    result: ReplyResult = msgspec.field(default_factory=Ack)
 
 
 class ErrorCode(enum.StrEnum):

@@ -89,7 +89,7 @@ class EngineSupervisor:
         if client is None or client.lost:
             return
         with contextlib.suppress(Exception):
-            self.engine_info = await client.ping(timeout=1.0)
+            self.engine_info = (await client.ping(timeout=1.0)).flat()
 
     async def stop(self) -> None:
         self._stopping = True
@@ -139,12 +139,12 @@ class EngineSupervisor:
         t0 = time.monotonic()
         while True:
             info = await self.client.ping(timeout=5.0)
-            self.engine_info = info
-            if info.get("state") == "ready":
+            self.engine_info = info.flat()
+            if info.state == "ready":
                 break
-            if info.get("state") == "failed":
+            if info.state == "failed":
                 self.state = EngineState.FAILED
-                self.detail = info.get("error", "model loading failed")
+                self.detail = info.error or "model loading failed"
                 raise RuntimeError(self.detail)
             if self.process is not None and self.process.poll() is not None:
                 raise EngineLostError(f"engine exited with code {self.process.returncode} while loading")

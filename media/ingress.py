@@ -41,8 +41,11 @@ MAX_RESAMPLERS: Final = 4
 class SessionLike(Protocol):
     """What the media plane needs of an ``EngineSession``: its rings and whether it is closed."""
 
-    rings: RingPair
-    closed: bool
+    @property
+    def rings(self) -> RingPair: ...
+
+    @property
+    def closed(self) -> bool: ...
 
 
 class IngressWriter:

@@ -16,16 +16,18 @@ a :class:`WebRTCPeer` whose ``answer_sdp`` goes back to the client. The peer
 * never contacts a STUN/TURN server unless one is configured (aiortc's default is Google's public STUN server).
 
 It does not own the engine session: :meth:`WebRTCPeer.close` frees the peer, its tasks and buffers, and the caller
-closes the session. Route the session's :class:`~engine_bridge.protocol.OutputTranscript` events to
-``peer.player.add_transcript``; ``on_output_frame`` then sees them in the frame whose audio they belong to.
+closes the session. Given a :class:`~media.bridge.SessionBridge` instead of a bare session, the peer uses the
+bridge's ingress writer and egress player, and the bridge's event pump routes the model's
+:class:`~engine_bridge.protocol.OutputTranscript` events to that player (with a bare session, route them to
+``peer.player.add_transcript`` yourself); ``on_output_frame`` then sees them in the frame whose audio they belong
+to.
 
 Loopback use (tests, benchmarks, a browser on the same machine): aioice never gathers 127.0.0.1, so
 :func:`enable_loopback_ice` patches its host-address lookup process-wide, and ``loopback_only`` strips every offered
 candidate that is not UDP on 127.0.0.1 (mDNS ``.local`` candidates are always stripped: aioice would resolve them
 by multicast). See docs/development.md, Loopback WebRTC.
 
-:class:`WebRTCCaller` is the client side of the same call (an aiortc peer that sends audio and records what comes
-back), for tests, benchmarks and self-checks.
+The client side of the same call, for tests and benchmarks, is :class:`livekit_omni.testing.webrtc_caller.WebRTCCaller`.
 """
 
 from __future__ import annotations
@@ -50,7 +52,6 @@ from aiortc import (
     RTCIceServer,
     RTCPeerConnection,
     RTCRtpReceiver,
-    RTCRtpSender,
     RTCRtpTransceiver,
     RTCSessionDescription,
 )
@@ -59,17 +60,16 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.utils import uint16_add
 from av import AudioFrame, Packet
 
+from media.bridge import SessionBridge
 from media.codecs import (
     G711_RATE,
-    OPUS_FRAME_SAMPLES,
     OPUS_RATE,
     OpusEncoder,
     alaw_encode,
-    rms_dbfs,
     ulaw_encode,
 )
 from media.egress import EgressPlayer, OutputFrame
-from media.ingress import IngressWriter, SessionLike, frame_to_mono_pcm16
+from media.ingress import IngressWriter, SessionLike
 from media.pacer import Pacer
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ def sanitize_offer_sdp(sdp: str, *, loopback_only: bool) -> str:
     return eol.join(kept) + eol
 
 
-def _ice_servers(servers: Sequence[RTCIceServer | str]) -> list[RTCIceServer]:
+def ice_server_list(servers: Sequence[RTCIceServer | str]) -> list[RTCIceServer]:
     return [s if isinstance(s, RTCIceServer) else RTCIceServer(urls=s) for s in servers]
 
 
@@ -317,7 +317,7 @@ class EgressTrack(MediaStreamTrack):
 # --- the peer ---------------------------------------------------------------------------------------------------
 
 
-def _negotiated_mime(transceiver: RTCRtpTransceiver) -> str:
+def negotiated_mime(transceiver: RTCRtpTransceiver) -> str:
     codecs = [c for c in getattr(transceiver, "_codecs", []) if c.mimeType.lower() != "audio/rtx"]
     return codecs[0].mimeType.lower() if codecs else ""
 
@@ -357,7 +357,8 @@ class WebRTCPeer:
         self.session = session
         self.answer_sdp = ""
         self.codec = ""
-        self.writer = IngressWriter(session)
+        # A bridge owns the session's writer and player (and closes them); a bare session gets the peer's own.
+        self.writer = session.writer if isinstance(session, SessionBridge) else IngressWriter(session)
         self.player: EgressPlayer | None = None
         self.track: EgressTrack | None = None
         self.channel: RTCDataChannel | None = None
@@ -622,7 +623,7 @@ async def answer_offer(
         enable_loopback_ice()
     sdp = sanitize_offer_sdp(offer_sdp, loopback_only=loopback_only)
 
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=_ice_servers(ice_servers)))
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_server_list(ice_servers)))
     peer = WebRTCPeer(
         pc,
         session,
@@ -652,9 +653,13 @@ async def answer_offer(
             raise SdpError("the SDP offer has no audio section")
         transceiver = audio[0]
         install_jitter_buffer(transceiver.receiver, jitter_prefetch)
-        peer.codec = _negotiated_mime(transceiver)
+        peer.codec = negotiated_mime(transceiver)
         rate = _output_rate_for(peer.codec)
-        peer.player = EgressPlayer(session, rate=rate)
+        peer.player = (
+            session.open_output(rate=rate)
+            if isinstance(session, SessionBridge)
+            else EgressPlayer(session, rate=rate)
+        )
         # The client's direction as seen from here: "sendrecv"/"sendonly" means it wants to hear us.
         if getattr(transceiver, "_offerDirection", "sendrecv") in ("sendrecv", "sendonly"):
             peer.track = EgressTrack(peer.player, codec=peer.codec, on_frame=on_output_frame, encoder=encoder)
@@ -671,163 +676,3 @@ async def answer_offer(
         await peer.close()
         raise
     return peer
-
-
-# --- the caller side (tests, benchmarks, self-checks) ----------------------------------------------------------
-
-
-class _SourceTrack(MediaStreamTrack):
-    """Sends a mono 48 kHz int16 clip (looped, or once then silence) in 20 ms frames on a pacer; as pre-encoded
-    Opus packets when the link is Opus (cheap for many callers in one process), else as PCM frames."""
-
-    kind = "audio"
-
-    def __init__(self, audio: np.ndarray, *, loop: bool, codec: Callable[[], str]) -> None:
-        super().__init__()
-        n = -(-audio.shape[0] // OPUS_FRAME_SAMPLES) * OPUS_FRAME_SAMPLES
-        self._audio = np.zeros(n, dtype=np.int16)
-        self._audio[: audio.shape[0]] = audio
-        self._frames = n // OPUS_FRAME_SAMPLES
-        self._looping = loop
-        self._codec = codec
-        self._packets: list[bytes] | None = None
-        self._silence_packet = b""
-        self._pacer = Pacer()
-        self._time_base = fractions.Fraction(1, OPUS_RATE)
-        self.sent = 0
-        #: Monotonic time at which each frame index was handed to aiortc (bounded).
-        self.sent_at: collections.deque[tuple[int, float]] = collections.deque(maxlen=4096)
-
-    def _frame_index(self) -> int | None:
-        if self.sent < self._frames:
-            return self.sent
-        return self.sent % self._frames if self._looping else None
-
-    async def recv(self) -> AudioFrame | Packet:
-        if self.readyState != "live":
-            raise MediaStreamError
-        await self._pacer.tick()
-        i = self._frame_index()
-        pts = self.sent * OPUS_FRAME_SAMPLES
-        self.sent_at.append((self.sent, time.monotonic()))
-        self.sent += 1
-        if self._codec() == "audio/opus":
-            if self._packets is None:
-                enc = OpusEncoder()
-                self._packets = enc.encode(self._audio)
-                self._silence_packet = enc.encode(np.zeros(OPUS_FRAME_SAMPLES, np.int16))[0]
-            data = self._packets[i] if i is not None else self._silence_packet
-            pkt = Packet(data)
-            pkt.pts = pts
-            pkt.time_base = self._time_base
-            return pkt
-        pcm = (
-            self._audio[i * OPUS_FRAME_SAMPLES : (i + 1) * OPUS_FRAME_SAMPLES]
-            if i is not None
-            else np.zeros(OPUS_FRAME_SAMPLES, np.int16)
-        )
-        frame = AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = OPUS_RATE
-        frame.pts = pts
-        frame.time_base = self._time_base
-        return frame
-
-
-class WebRTCCaller:
-    """An aiortc client: offers audio (sendrecv) and a data channel, sends ``audio`` (48 kHz mono int16), and
-    records the audio that comes back (mono, at the frame rate, bounded to ``record_seconds``) with arrival times.
-
-    ``codecs`` restricts the offer (e.g. ``["audio/PCMU"]``) to exercise a G.711 answer.
-    """
-
-    def __init__(
-        self,
-        audio: np.ndarray | None = None,
-        *,
-        loop: bool = True,
-        datachannel: str | None = "oai-events",
-        ice_servers: Sequence[RTCIceServer | str] = (),
-        codecs: Sequence[str] | None = None,
-        jitter_prefetch: int = DEFAULT_JITTER_PREFETCH,
-        record_seconds: float = 30.0,
-        record_audio: bool = True,
-    ) -> None:
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=_ice_servers(ice_servers)))
-        src = audio if audio is not None else np.zeros(OPUS_FRAME_SAMPLES, np.int16)
-        self.transceiver = self.pc.addTransceiver("audio", direction="sendrecv")
-        if codecs is not None:
-            wanted = {c.lower() for c in codecs}
-            caps = RTCRtpSender.getCapabilities("audio").codecs
-            self.transceiver.setCodecPreferences([c for c in caps if c.mimeType.lower() in wanted])
-        install_jitter_buffer(self.transceiver.receiver, jitter_prefetch)
-        self.source = _SourceTrack(src, loop=loop, codec=lambda: _negotiated_mime(self.transceiver))
-        self.transceiver.sender.replaceTrack(self.source)
-        self.channel = self.pc.createDataChannel(datachannel) if datachannel else None
-        self.messages: collections.deque[str | bytes] = collections.deque(maxlen=1024)
-        self.opened = asyncio.Event()
-        self.connected = asyncio.Event()
-        self._record_max = int(record_seconds * 50)
-        self.record_audio = record_audio
-        self.chunks: collections.deque[np.ndarray] = collections.deque(maxlen=self._record_max)
-        self.arrivals: collections.deque[float] = collections.deque(maxlen=self._record_max)
-        self.levels: collections.deque[float] = collections.deque(maxlen=self._record_max)
-        self.rate = 0
-        self._task: asyncio.Task[None] | None = None
-
-        if self.channel is not None:
-            ch = self.channel
-
-            @ch.on("open")
-            def _open() -> None:
-                self.opened.set()
-
-            @ch.on("message")
-            def _message(m: str | bytes) -> None:
-                self.messages.append(m)
-
-        @self.pc.on("connectionstatechange")
-        def _state() -> None:
-            if self.pc.connectionState == "connected":
-                self.connected.set()
-
-        @self.pc.on("track")
-        def _track(track: MediaStreamTrack) -> None:
-            if track.kind == "audio" and self._task is None:
-                self._task = asyncio.ensure_future(self._receive(track))
-
-    async def offer(self) -> str:
-        await self.pc.setLocalDescription(await self.pc.createOffer())
-        return self.pc.localDescription.sdp
-
-    async def accept(self, answer_sdp: str) -> None:
-        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer_sdp, type="answer"))
-
-    def send(self, text: str) -> None:
-        if self.channel is None:
-            raise RuntimeError("this caller has no data channel")
-        self.channel.send(text)
-
-    async def _receive(self, track: MediaStreamTrack) -> None:
-        try:
-            while True:
-                frame = await track.recv()
-                now = time.monotonic()
-                assert isinstance(frame, AudioFrame)  # an audio track's receiver yields decoded frames
-                pcm = frame_to_mono_pcm16(frame)
-                self.rate = frame.sample_rate
-                self.arrivals.append(now)
-                self.levels.append(rms_dbfs(pcm))
-                if self.record_audio:
-                    self.chunks.append(pcm.copy())
-        except MediaStreamError:
-            return
-
-    def received_audio(self) -> np.ndarray:
-        return np.concatenate(list(self.chunks)) if self.chunks else np.zeros(0, np.int16)
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        await self.pc.close()

@@ -205,8 +205,8 @@ async def connect_engine(engine: EngineProcess, *, ready_timeout: float = 240.0)
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.1)
-    while (info := await client.ping())["state"] != "ready":
-        if info["state"] == "failed" or time.monotonic() > deadline:
+    while (info := await client.ping()).state != "ready":
+        if info.state == "failed" or time.monotonic() > deadline:
             raise RuntimeError(f"engine failed to load: {info}")
         await asyncio.sleep(0.25)
     return client

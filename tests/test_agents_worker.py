@@ -111,13 +111,13 @@ async def run_simulated_job(server: AgentServer, audio: JobAudio, client: Engine
             assert time.monotonic() < deadline, status
             await asyncio.sleep(0.25)
         assert status["active_jobs"] == 1
-        assert (await client.ping())["active_sessions"] == 1
+        assert (await client.ping()).active_sessions == 1
     finally:
         await server.aclose()
         await asyncio.wait_for(run, 30)
     # Shutting the job down closed its session (and the model): the engine slot is free again.
     deadline = time.monotonic() + 10
-    while (await client.ping())["active_sessions"] != 0:
+    while (await client.ping()).active_sessions != 0:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.1)
 

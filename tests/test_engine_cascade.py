@@ -94,22 +94,22 @@ async def test_three_turns_use_the_kv_lease_and_prefill_only_new_tokens(client: 
     await ask(d, "What is the capital of France?")
     await ask(d, "What is my name?")
     stats = await session.stats()
-    records = stats["turn_records"]
+    records = stats.extra["turn_records"]
     assert len(records) == 3
-    log = stats["log"]
-    users = [seg for seg in log if seg["role"] == "user"]
-    assistants = [seg for seg in log if seg["role"] == "assistant"]
+    log = stats.log
+    users = [seg for seg in log if seg.role == "user"]
+    assistants = [seg for seg in log if seg.role == "assistant"]
     assert len(users) == 3 and len(assistants) == 3
-    assert "alice" in normalize_text(users[0]["text"])
+    assert "alice" in normalize_text(users[0].text)
     # Turn 3's prompt holds turn 1 (the name) in the leased KV: the token log is one contiguous conversation.
     for prev, nxt in itertools.pairwise(log):
-        assert nxt["token_start"] == prev["token_end"], log
+        assert nxt.token_start == prev.token_end, log
     for rec in records[1:]:
         # Only the new user message was prefilled; everything before it came from the kept cache.
         assert rec["prefill_tokens"] == rec["user_tokens"], rec
         assert rec["cached_tokens"] == rec["log_before"], rec
         assert rec["prefill_tokens"] < 0.5 * rec["log_before"], rec
-    assert stats["thinker"]["trims"] == 0
+    assert stats.extra["thinker"]["trims"] == 0
     await session.close()
 
 
@@ -143,14 +143,14 @@ async def test_barge_in_stops_stale_audio_keeps_played_part_and_answers_next(cli
     played = d.audio_of_turn(reply_turn).shape[0]
     assert played < done.total_samples or done.total_samples == 0 or played <= done.total_samples
     stats = await session.stats()
-    seg = next(s for s in stats["log"] if s["role"] == "assistant" and s["turn_id"] == reply_turn)
-    assert seg["interrupted"]
+    seg = next(s for s in stats.log if s.role == "assistant" and s.turn_id == reply_turn)
+    assert seg.interrupted
     # Only the played words were kept: each kept word's audio ended within what was played.
     outs = [e for e in d.of(p.OutputTranscript) if e.turn_id == reply_turn]
     kept = [e.text.strip() for e in outs if e.end_sample <= bump[0].played_samples]
-    assert seg["text"].split() == kept
+    assert seg.text.split() == kept
     assert bump[0].played_samples <= played + 480
-    assert seg["audio_end_ms"] <= played * 1000 // ENGINE_OUTPUT_RATE + 20
+    assert seg.audio_end_ms <= played * 1000 // ENGINE_OUTPUT_RATE + 20
     full_story_words = 34
     assert len(kept) < full_story_words
     # The next answer follows, in the new epoch.
@@ -181,7 +181,7 @@ async def test_text_into_the_conversation_and_speak_now(client: EngineClient) ->
     )
     d = SessionDriver(session)
     r1 = await session.append_text("instructions", "Always mention that the bakery opens at eight.")
-    assert r1["start_ms"] == r1["end_ms"]
+    assert r1.start_ms == r1.end_ms
     await session.append_text("thinking", "The caller's name is Bob.")
     await d.run(seconds=0.5)
     assert not d.of(p.ReplyStarted), "instructions and silent context must not make the model speak"
@@ -189,7 +189,7 @@ async def test_text_into_the_conversation_and_speak_now(client: EngineClient) ->
     await asyncio.wait_for(d.run(seconds=0, until=lambda d: d.reply_done()), 60)
     assert d.audio_of_turn(d.of(p.ReplyDone)[0].turn_id).shape[0] > 0
     stats = await session.stats()
-    roles = [s["role"] for s in stats["log"]]
+    roles = [s.role for s in stats.log]
     assert roles.count("developer") >= 3 and roles[-1] == "assistant"
     await session.close()
 
@@ -206,14 +206,14 @@ async def test_session_limit_typed_error_fast(client: EngineClient) -> None:
 
 
 async def test_idle_session_reaped_and_kv_released(client: EngineClient) -> None:
-    base = (await client.ping())["kv_bytes"]
+    base = (await client.ping()).details["kv_bytes"]
     session = await client.open_session(p.SessionConfig(idle_ttl_s=1.5))
     await session.append_text("thinking", "Remember the number forty two.")
-    assert (await client.ping())["kv_bytes"] > base
+    assert (await client.ping()).details["kv_bytes"] > base
     closed = await asyncio.wait_for(_wait_closed(session), 15)
     assert closed.reason == "idle_timeout"
     info = await client.ping()
-    assert info["kv_bytes"] == base and info["active_sessions"] == 0
+    assert info.details["kv_bytes"] == base and info.active_sessions == 0
 
 
 async def _wait_closed(session) -> p.SessionClosed:
@@ -238,10 +238,10 @@ async def test_past_the_context_limit_the_session_keeps_answering() -> None:
         turn = await ask(d, "What is the capital of France?")
         assert d.audio_of_turn(turn).shape[0] > 0
         stats = await session.stats()
-        assert stats["thinker"]["trims"] >= 1
-        assert stats["thinker"]["resident_kv_tokens"] <= 320
-        assert stats["log"][0]["role"] == "system"
-        assert (await client.ping())["state"] == "ready"
+        assert stats.extra["thinker"]["trims"] >= 1
+        assert stats.extra["thinker"]["resident_kv_tokens"] <= 320
+        assert stats.log[0].role == "system"
+        assert (await client.ping()).state == "ready"
         await session.close()
         await client.close()
     finally:

@@ -39,7 +39,7 @@ async def use_one_session(client: EngineClient, i: int) -> None:
             await asyncio.sleep(0.01)
     assert got > 0
     stats = await session.stats()
-    assert stats["turns"] == 1
+    assert stats.turns == 1
     await session.close()
 
 
@@ -49,13 +49,13 @@ async def test_rss_after_50_sessions_within_10_percent_of_the_first() -> None:
         client = await connect_engine(eng)
         await use_one_session(client, 0)
         await asyncio.sleep(0.5)
-        first = (await client.ping())["rss_bytes"]
+        first = (await client.ping()).rss_bytes
         for i in range(1, 50):
             await use_one_session(client, i)
         await asyncio.sleep(0.5)
         info = await client.ping()
-        last = info["rss_bytes"]
-        assert info["active_sessions"] == 0 and info["kv_bytes"] == 0
+        last = info.rss_bytes
+        assert info.active_sessions == 0 and info.details["kv_bytes"] == 0
         growth = (last - first) / first
         print(
             f"engine RSS after 1 session {first / 2**20:.0f} MiB, after 50 {last / 2**20:.0f} MiB ({growth:+.1%})"

@@ -52,7 +52,7 @@ async def test_undecodable_control_message_gets_an_error_reply() -> None:
             await asyncio.wait_for(fut0, 5)
         # The engine survived both and still answers.
         info = await client.ping()
-        assert info["state"] == "ready"
+        assert info.state == "ready"
         await client.close()
     finally:
         proc.terminate()
@@ -64,7 +64,8 @@ async def test_admission_typed_error_and_unknown_session() -> None:
     try:
         client = await _connect(sock, proc)
         # The engine's doorbell (a FIFO next to its socket) is advertised, so writers can wake its audio thread.
-        bell = Path(client.hello["doorbell"])
+        assert client.hello is not None
+        bell = Path(client.hello.doorbell)
         assert bell.parent == Path(sock.removeprefix("unix:")).parent and stat.S_ISFIFO(bell.stat().st_mode)
         s1 = await client.open_session()
         with pytest.raises(EngineRequestError) as e:
@@ -103,10 +104,10 @@ asyncio.run(main())
         assert len(names) == 2, out.stderr
         for _ in range(100):
             info = await client.ping()
-            if info["active_sessions"] == 0 and not set(names) & set(list_our_segments()):
+            if info.active_sessions == 0 and not set(names) & set(list_our_segments()):
                 break
             await asyncio.sleep(0.1)
-        assert info["active_sessions"] == 0
+        assert info.active_sessions == 0
         assert not set(names) & set(list_our_segments()), (
             "the engine must unlink a vanished client's segments"
         )
@@ -129,7 +130,7 @@ async def test_idle_session_is_reaped_after_its_ttl() -> None:
 
         await asyncio.wait_for(collect(), 10)
         assert any(isinstance(e, p.SessionClosed) and e.reason == "idle_timeout" for e in events)
-        assert (await client.ping())["active_sessions"] == 0
+        assert (await client.ping()).active_sessions == 0
         await client.close()
     finally:
         proc.terminate()

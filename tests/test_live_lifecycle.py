@@ -15,8 +15,9 @@ import aiohttp
 import numpy as np
 import pytest
 
-from livekit_omni.live.client import LiveClient
-from media.webrtc import WebRTCCaller
+from livekit_omni.live import wire
+from livekit_omni.testing.live_client import LiveClient
+from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from tests.conftest import ServerProcess, start_server
 
 LIFETIME_S = 2.0
@@ -56,10 +57,10 @@ async def test_session_limit_refuses_with_1013(server: ServerProcess) -> None:
     first = await LiveClient.connect(server.url)
     second = await LiveClient.connect(server.url)
     try:
-        assert (await first.start())["type"] == "session.started"
+        assert isinstance(await first.start(), wire.SessionStarted)
         ev = await second.start()
-        assert ev["type"] == "error" and ev["error"]["code"] == "session_limit_reached", ev
-        assert ev["error"]["client_event_id"] == "start"
+        assert isinstance(ev, wire.Error) and ev.error.code == "session_limit_reached", ev
+        assert ev.error.client_event_id == "start"
         assert await second.wait_closed() == 1013
         # A WebRTC offer is refused the same way, as HTTP 503.
         caller = WebRTCCaller()
@@ -74,7 +75,7 @@ async def test_session_limit_refuses_with_1013(server: ServerProcess) -> None:
         finally:
             await caller.close()
         await first.send({"type": "session.close"})
-        await first.next_event("session.closed")
+        await first.next_event(wire.SessionClosed)
     finally:
         await first.close()
         await second.close()
@@ -86,12 +87,12 @@ async def test_lifetime_expiry_closes_with_reason_expired(server: ServerProcess)
     try:
         t0 = time.time()
         started = await c.start()
-        assert started["type"] == "session.started"
-        assert abs(started["session"]["expires_at"] - (t0 + LIFETIME_S)) <= 1.5
-        ev = await c.next_event("session.closed", timeout=LIFETIME_S + 3)
-        assert ev["reason"] == "expired"
+        assert isinstance(started, wire.SessionStarted)
+        assert abs(started.session.expires_at - (t0 + LIFETIME_S)) <= 1.5
+        ev = await c.next_event(wire.SessionClosed, timeout=LIFETIME_S + 3)
+        assert ev.reason == "expired"
         assert LIFETIME_S - 0.2 <= time.time() - t0 <= LIFETIME_S + 1.5
-        assert ev["usage"]["seconds"] >= LIFETIME_S - 0.2
+        assert ev.usage.seconds >= LIFETIME_S - 0.2
         assert await c.wait_closed() == 1000
     finally:
         await c.close()
@@ -102,21 +103,21 @@ async def test_engine_killed_mid_session_then_a_new_session_works(server: Server
     pid = server.engine_pid()
     c = await LiveClient.connect(server.url)
     try:
-        assert (await c.start())["type"] == "session.started"
+        assert isinstance(await c.start(), wire.SessionStarted)
         await c.append_audio(bytes(4800 * 2), bytes_per_100ms=4800)
         os.kill(pid, signal.SIGKILL)
-        err = await c.next_event("error", timeout=5)
-        assert err["error"]["code"] == "engine_lost" and err["error"]["type"] == "server_error"
+        err = await c.next_event(wire.Error, timeout=5)
+        assert err.error.code == "engine_lost" and err.error.type == "server_error"
         # Meanwhile the supervisor is bringing up a new engine: a session asked for now is refused, retryably.
         during = await LiveClient.connect(server.url)
         try:
             ev = await during.start()
-            assert ev["type"] == "error" and ev["error"]["code"] == "engine_unavailable", ev
+            assert isinstance(ev, wire.Error) and ev.error.code == "engine_unavailable", ev
             assert await during.wait_closed() == 1013
         finally:
             await during.close()
-        closed = await c.next_event("session.closed", timeout=5)
-        assert closed["reason"] == "connection_lost"
+        closed = await c.next_event(wire.SessionClosed, timeout=5)
+        assert closed.reason == "connection_lost"
         assert await c.wait_closed() == 1011
     finally:
         await c.close()
@@ -132,11 +133,11 @@ async def test_engine_killed_mid_session_then_a_new_session_works(server: Server
         raise AssertionError(f"no new engine: {body}")
     c = await LiveClient.connect(server.url)
     try:
-        assert (await c.start())["type"] == "session.started"
+        assert isinstance(await c.start(), wire.SessionStarted)
         await c.append_audio(tone(0.4) + bytes(4800 * 4), bytes_per_100ms=4800)
         out = np.frombuffer(bytes(c.audio), dtype="<i2")
         assert np.abs(out).max() > 4000  # the echo came back
         await c.send({"type": "session.close"})
-        assert (await c.next_event("session.closed"))["reason"] == "close_requested"
+        assert (await c.next_event(wire.SessionClosed)).reason == "close_requested"
     finally:
         await c.close()

@@ -25,9 +25,11 @@ from livekit.agents.voice import io
 from livekit.plugins.openai.realtime import GPTLiveModel
 from openai import AsyncOpenAI
 
-from livekit_omni.live.client import LiveClient
+from livekit_omni.live import wire
+from livekit_omni.testing.live_client import LiveClient
+from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from media.codecs import ulaw_decode, ulaw_encode
-from media.webrtc import WebRTCCaller, enable_loopback_ice
+from media.webrtc import enable_loopback_ice
 from tests.conftest import ServerProcess, start_server
 from tests.speech_fixtures import synthesize_speech
 
@@ -160,17 +162,17 @@ async def test_pcmu_spoken_round_trip(cascade_server: ServerProcess) -> None:
     c = await LiveClient.connect(cascade_server.url, api_key=API_KEY)
     try:
         ev = await c.start({"model": "gpt-live-1", "audio": {"format": {"type": "audio/pcmu", "rate": 8000}}})
-        assert ev["type"] == "session.started", ev
-        assert ev["session"]["audio"]["format"] == {"type": "audio/pcmu", "rate": 8000}
+        assert isinstance(ev, wire.SessionStarted), ev
+        assert ev.session.audio.format == wire.AudioFormat(type="audio/pcmu", rate=8000)
         speech = synthesize_speech(QUESTION, rate=8000)
         mic = ulaw_encode(np.concatenate([speech, np.zeros(8000 * 12, np.int16)])).tobytes()
         speaker = asyncio.create_task(c.append_audio(mic, bytes_per_100ms=800))
         try:
-            said = await c.next_event("session.input_transcript.delta", timeout=20)
-            heard = [await c.next_event("session.output_transcript.delta", timeout=25)]
+            said = await c.next_event(wire.InputTranscriptDelta, timeout=20)
+            heard = [await c.next_event(wire.OutputTranscriptDelta, timeout=25)]
             while True:  # the answer is over after 3 s without new text
                 try:
-                    heard.append(await c.next_event("session.output_transcript.delta", timeout=3))
+                    heard.append(await c.next_event(wire.OutputTranscriptDelta, timeout=3))
                 except TimeoutError:
                     break
         finally:
@@ -178,12 +180,12 @@ async def test_pcmu_spoken_round_trip(cascade_server: ServerProcess) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await speaker
         await c.send({"type": "session.close"})
-        await c.next_event("session.closed")
+        await c.next_event(wire.SessionClosed)
         assert await c.wait_closed() == 1000
     finally:
         await c.close()
-    assert mentions(said["delta"], "capital", "France"), said
-    assert "paris" in "".join(e["delta"] for e in heard).lower(), heard
+    assert mentions(said.delta, "capital", "France"), said
+    assert "paris" in "".join(e.delta for e in heard).lower(), heard
     assert all(160 <= n <= 800 for _, n in c.deltas)  # 20-100 ms of 8 kHz µ-law
     out = ulaw_decode(bytes(c.audio))
     assert len(loud_ms(out, 8000)) * 20 >= 800

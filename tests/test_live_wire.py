@@ -7,12 +7,27 @@ from __future__ import annotations
 
 import base64
 import json
+import typing
 
 import msgspec
 import pytest
+from openai.types.live import ServerEvent as SDKServerEvent
 from openai.types.live import SessionStartedEvent
+from pydantic import BaseModel
 
 from livekit_omni.live import wire
+
+
+def _sdk_models() -> dict[str, type[BaseModel]]:
+    union = typing.get_args(SDKServerEvent)[0]  # Annotated[Union[...], PropertyInfo(discriminator="type")]
+    out: dict[str, type[BaseModel]] = {}
+    for model in typing.get_args(union):
+        (literal,) = typing.get_args(model.model_fields["type"].annotation)
+        out[literal] = model
+    return out
+
+
+SDK_MODELS = _sdk_models()
 
 
 def decode_error(raw: str) -> wire.WireError:
@@ -120,13 +135,13 @@ def test_resolve_config_defaults_and_resource_validate_against_the_sdk() -> None
         )
     )
     assert cfg.history == [("user", "hi"), ("assistant", "hello")]
-    assert cfg.delegation == {"type": "client", "acknowledgement_delay_ms": 0}
+    assert cfg.delegation == wire.Delegation(type="client", acknowledgement_delay_ms=0)
     assert cfg.store is False and cfg.store_requested is True
     res = wire.session_resource(cfg, session_id="live_x", expires_at=123)
-    ev = wire.event("session.started", "c", session=res)
+    ev = wire.SessionStarted(client_event_id="c", session=res)
     SessionStartedEvent.model_validate(json.loads(wire.encode(ev)), strict=True)
-    assert res["audio"]["output"]["voice"] == {"id": "voice_1"}
-    assert res["input"][0]["content"][0]["type"] == "input_text"
+    assert json.loads(wire.encode(ev))["session"]["audio"]["output"]["voice"] == {"id": "voice_1"}
+    assert res.input is not None and res.input[0].content[0].type == "input_text"
 
 
 @pytest.mark.parametrize(
@@ -160,17 +175,17 @@ def test_resolve_config_refusals(session: dict, code: str, param: str) -> None:
 
 
 def test_update_rules() -> None:
-    current = {"type": "client", "acknowledgement_delay_ms": 100}
+    current = wire.Delegation(type="client", acknowledgement_delay_ms=100)
 
-    def update(**session: object) -> dict | None:
+    def update(**session: object) -> wire.Delegation | None:
         return wire.check_update(msgspec.convert(session, wire.UpdateConfig), current)
 
     assert update() is None
     assert update(triggers=[]) is None
     assert update(delegation=None) == current
     assert update(delegation={"type": "client"}) == current  # omitted settings keep their values
-    assert (
-        update(delegation={"type": "client", "acknowledgement_delay_ms": 5})["acknowledgement_delay_ms"] == 5
+    assert update(delegation={"type": "client", "acknowledgement_delay_ms": 5}) == wire.Delegation(
+        type="client", acknowledgement_delay_ms=5
     )
     for field in ("model", "instructions", "input", "audio", "client", "store", "safety_identifier"):
         with pytest.raises(wire.WireError) as e:
@@ -179,9 +194,12 @@ def test_update_rules() -> None:
 
 
 def test_events_have_unique_ids_and_echo_client_ids() -> None:
-    a, b = wire.event("session.input_audio.muted", "c1"), wire.event("session.input_audio.muted")
-    assert a["event_id"] != b["event_id"] and a["client_event_id"] == "c1" and "client_event_id" not in b
-    err = wire.error_event("x", "y", param="p", client_event_id="c")
+    a, b = wire.InputAudioMuted(client_event_id="c1"), wire.InputAudioMuted()
+    assert a.event_id != b.event_id
+    assert json.loads(wire.encode(a))["client_event_id"] == "c1" and "client_event_id" not in json.loads(
+        wire.encode(b)
+    )
+    err = json.loads(wire.encode(wire.error_event("x", "y", param="p", client_event_id="c")))
     assert err["error"] == {
         "type": "invalid_request_error",
         "code": "x",
@@ -190,5 +208,74 @@ def test_events_have_unique_ids_and_echo_client_ids() -> None:
         "client_event_id": "c",
     }
     assert err["client_event_id"] == "c"
-    raw = wire.audio_delta_bytes(b"\x00\x01")
+    # Output audio: raw bytes in the struct, base64 on the wire, no event_id and no timestamps.
+    raw = wire.encode(wire.OutputAudioDelta(delta=b"\x00\x01"))
     assert json.loads(raw) == {"type": "session.output_audio.delta", "delta": "AAE="}
+
+
+def _one_of_each() -> list[wire.ServerEvent]:
+    cfg = wire.resolve_config(start_config())
+    res = wire.session_resource(cfg, session_id="live_x", expires_at=1)
+    return [
+        wire.SessionStarted(session=res, client_event_id="s"),
+        wire.SessionUpdated(session=res),
+        wire.InputAudioMuted(),
+        wire.InputAudioUnmuted(),
+        wire.FixturePlaying(),
+        wire.FixturePlayed(),
+        wire.InstructionsAppended(start_ms=1, end_ms=1),
+        wire.ThinkingAppended(start_ms=1, end_ms=2),
+        wire.CommentaryAppended(start_ms=0, end_ms=0),
+        wire.OutputAudioDelta(delta=b"\x01\x00" * 3),
+        wire.InputTranscriptDelta(delta="hi", start_ms=0, end_ms=10),
+        wire.OutputTranscriptDelta(delta="yo", start_ms=5, end_ms=9),
+        wire.UsageUpdated(usage=wire.usage(1), context_window=wire.ContextWindow(usage_ratio=0.5)),
+        wire.SessionClosed(reason="close_requested", session=res, usage=wire.usage(2.5)),
+        wire.error_event("c", "m"),
+        wire.Info(code="i", message="m"),
+    ]
+
+
+def test_every_server_event_round_trips_and_validates_against_the_sdk() -> None:
+    events = _one_of_each()
+    # One of every member of the union.
+    assert {type(e) for e in events} == set(typing.get_args(wire.ServerEvent))
+    for ev in events:
+        data = wire.encode(ev)
+        assert wire.decode_server_event(data) == ev
+        obj = json.loads(data)
+        model = SDK_MODELS[obj["type"]]
+        model.model_validate(obj, strict=True)
+
+
+def test_server_event_decoding_tells_unknown_from_broken() -> None:
+    with pytest.raises(wire.UnknownServerEvent):
+        wire.decode_server_event('{"type":"session.brand_new","event_id":"e"}')
+    with pytest.raises(wire.UnknownServerEvent):
+        wire.decode_server_event('{"type":"session.input_transcript.delta","event_id":"e","delta":"x"}')
+    for broken in ("[1]", "nope", '"text"'):
+        with pytest.raises(msgspec.DecodeError):
+            wire.decode_server_event(broken)
+
+
+def test_client_commands_encode_what_the_server_decodes() -> None:
+    start = wire.SessionStart(
+        event_id="s",
+        session=wire.StartConfig(
+            model="m", audio=wire.AudioConfig(format=wire.AudioFormat(type="audio/pcm", rate=24000))
+        ),
+    )
+    data = wire.encode(start)
+    # Unset optional fields are left out, not sent as null.
+    assert json.loads(data) == {
+        "type": "session.start",
+        "event_id": "s",
+        "session": {"model": "m", "audio": {"format": {"type": "audio/pcm", "rate": 24000}}},
+    }
+    assert wire.decode_command(data) == start
+    append = wire.CommentaryAppend(content="x", delegation_id=None)
+    assert json.loads(wire.encode(append)) == {
+        "type": "session.commentary.append",
+        "content": "x",
+        "delegation_id": None,
+    }

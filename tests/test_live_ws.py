@@ -16,11 +16,13 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
-from livekit_omni.live.client import LiveClient
+from livekit_omni.live import wire
+from livekit_omni.testing.live_client import LiveClient
 from media.codecs import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from tests.conftest import ServerProcess, start_server
 
@@ -89,6 +91,13 @@ def dominant_hz(pcm: np.ndarray, rate: int) -> float:
     return float(np.fft.rfftfreq(len(pcm), 1 / rate)[int(np.argmax(spec))])
 
 
+ACKS: dict[str, type[wire.AppendedEvent]] = {
+    "instructions": wire.InstructionsAppended,
+    "thinking": wire.ThinkingAppended,
+    "commentary": wire.CommentaryAppended,
+}
+
+
 def b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode()
 
@@ -96,22 +105,22 @@ def b64(raw: bytes) -> str:
 async def started(server: ServerProcess, session: dict[str, Any] | None = None, **kw: Any) -> LiveClient:
     c = await LiveClient.connect(server.url, **kw)
     ev = await c.start(session)
-    assert ev["type"] == "session.started", ev
+    assert isinstance(ev, wire.SessionStarted), ev
     return c
 
 
-async def expect_error(c: LiveClient, code: str, timeout: float = 5.0) -> dict[str, Any]:
-    ev = await c.next_event("error", timeout)
-    assert ev["error"]["code"] == code, ev
-    assert ev["error"]["type"] and ev["error"]["message"] and ev["event_id"]
+async def expect_error(c: LiveClient, code: str, timeout: float = 5.0) -> wire.Error:
+    ev = await c.next_event(wire.Error, timeout)
+    assert ev.error.code == code, ev
+    assert ev.error.type and ev.error.message and ev.event_id
     return ev
 
 
 async def still_alive(c: LiveClient) -> None:
     """The session answers a command after an error: it survived."""
     await c.send({"type": "session.input_audio.mute", "event_id": "alive"})
-    ev = await c.next_event("session.input_audio.muted")
-    assert ev["client_event_id"] == "alive"
+    ev = await c.next_event(wire.InputAudioMuted)
+    assert ev.client_event_id == "alive"
     assert not c.closed.is_set()
 
 
@@ -122,9 +131,9 @@ async def still_alive(c: LiveClient) -> None:
 async def test_bad_api_key_gets_error_then_close_1008(server: ServerProcess, key: str | None) -> None:
     c = await LiveClient.connect(server.url, api_key=key)
     try:
-        ev = await c.next_event("error")
-        assert ev["error"]["code"] == "invalid_api_key"
-        assert ev["error"]["type"] == "invalid_request_error"
+        ev = await c.next_event(wire.Error)
+        assert ev.error.code == "invalid_api_key"
+        assert ev.error.type == "invalid_request_error"
         assert await c.wait_closed() == 1008
     finally:
         await c.close()
@@ -154,15 +163,18 @@ async def test_session_started_resource(server: ServerProcess) -> None:
                 "unknown_field": {"ignored": True},
             }
         )
-        assert ev["type"] == "session.started" and ev["client_event_id"] == "start"
-        s = ev["session"]
-        assert s["id"].startswith("live_") and s["status"] == "active" and s["model"] == "gpt-live-1"
-        assert s["instructions"] == "Be brief."
-        assert s["audio"] == {"format": {"type": "audio/pcm", "rate": 24000}, "output": {"voice": "cedar"}}
-        assert s["delegation"]["type"] == "client"
-        assert [i["role"] for i in s["input"]] == ["developer", "assistant"]
+        assert isinstance(ev, wire.SessionStarted) and ev.client_event_id == "start"
+        s = ev.session
+        assert s.id.startswith("live_") and s.status == "active" and s.model == "gpt-live-1"
+        assert s.instructions == "Be brief."
+        assert msgspec.to_builtins(s.audio) == {
+            "format": {"type": "audio/pcm", "rate": 24000},
+            "output": {"voice": "cedar"},
+        }
+        assert s.delegation.type == "client"
+        assert [i.role for i in s.input or []] == ["developer", "assistant"]
         lifetime = 3600  # the default session lifetime
-        assert before + lifetime - 5 <= s["expires_at"] <= time.time() + lifetime + 5
+        assert before + lifetime - 5 <= s.expires_at <= time.time() + lifetime + 5
     finally:
         await c.close()
 
@@ -171,9 +183,10 @@ async def test_store_is_not_available_and_says_so(server: ServerProcess) -> None
     c = await LiveClient.connect(server.url)
     try:
         ev = await c.start({"model": "m", "store": True, "safety_identifier": "user-1"})
-        assert ev["session"]["store"] is False and ev["session"]["safety_identifier"] == "user-1"
-        info = await c.next_event("info")
-        assert info["code"] == "store_unavailable" and info["message"]
+        assert isinstance(ev, wire.SessionStarted)
+        assert ev.session.store is False and ev.session.safety_identifier == "user-1"
+        info = await c.next_event(wire.Info)
+        assert info.code == "store_unavailable" and info.message
     finally:
         await c.close()
 
@@ -200,8 +213,8 @@ async def test_unsupported_delegation_is_refused_and_closed(server: ServerProces
     try:
         extra = {"responses": {"model": "gpt-5.6-luna"}} if kind == "responses" else {"decisions": {}}
         ev = await c.start({"model": "m", "delegation": {"type": kind, **extra}})
-        assert ev["type"] == "error" and ev["error"]["code"] == "unsupported_delegation", ev
-        assert "client" in ev["error"]["message"] and ev["error"]["client_event_id"] == "start"
+        assert isinstance(ev, wire.Error) and ev.error.code == "unsupported_delegation", ev
+        assert "client" in ev.error.message and ev.error.client_event_id == "start"
         assert await c.wait_closed() == 1008
     finally:
         await c.close()
@@ -211,7 +224,7 @@ async def test_bad_audio_format_is_refused(server: ServerProcess) -> None:
     c = await LiveClient.connect(server.url)
     try:
         ev = await c.start({"model": "m", "audio": {"format": {"type": "audio/pcm", "rate": 44100}}})
-        assert ev["type"] == "error" and ev["error"]["param"] == "session.audio.format.rate"
+        assert isinstance(ev, wire.Error) and ev.error.param == "session.audio.format.rate"
         assert await c.wait_closed() == 1008
     finally:
         await c.close()
@@ -222,8 +235,8 @@ async def test_event_before_session_start(server: ServerProcess) -> None:
     try:
         await c.send({"type": "session.input_audio.mute", "event_id": "early"})
         ev = await expect_error(c, "session_not_started")
-        assert ev["error"]["client_event_id"] == "early" and ev["client_event_id"] == "early"
-        assert (await c.start())["type"] == "session.started"  # the connection is still usable
+        assert ev.error.client_event_id == "early" and ev.client_event_id == "early"
+        assert isinstance(await c.start(), wire.SessionStarted)  # the connection is still usable
     finally:
         await c.close()
 
@@ -233,7 +246,7 @@ async def test_second_session_start(server: ServerProcess) -> None:
     try:
         await c.send({"type": "session.start", "event_id": "again", "session": {"model": "m"}})
         ev = await expect_error(c, "session_already_started")
-        assert ev["error"]["client_event_id"] == "again"
+        assert ev.error.client_event_id == "again"
         await still_alive(c)
     finally:
         await c.close()
@@ -247,7 +260,7 @@ async def test_bad_base64_audio(server: ServerProcess) -> None:
     try:
         await c.send({"type": "session.input_audio.append", "event_id": "a1", "audio": "not base64!!"})
         ev = await expect_error(c, "invalid_audio")
-        assert ev["error"]["param"] == "audio" and ev["error"]["client_event_id"] == "a1"
+        assert ev.error.param == "audio" and ev.error.client_event_id == "a1"
         await still_alive(c)
     finally:
         await c.close()
@@ -258,7 +271,7 @@ async def test_odd_byte_count_pcm16(server: ServerProcess) -> None:
     try:
         await c.send({"type": "session.input_audio.append", "audio": b64(b"\x00\x01\x02")})
         ev = await expect_error(c, "invalid_audio")
-        assert "16-bit" in ev["error"]["message"]
+        assert "16-bit" in ev.error.message
         await still_alive(c)
     finally:
         await c.close()
@@ -269,10 +282,10 @@ async def test_unknown_event(server: ServerProcess) -> None:
     try:
         await c.send({"type": "session.frobnicate", "event_id": "u1"})
         ev = await expect_error(c, "unknown_event")
-        assert ev["error"]["client_event_id"] == "u1" and "session.frobnicate" in ev["error"]["message"]
+        assert ev.error.client_event_id == "u1" and "session.frobnicate" in ev.error.message
         await c.send({"type": "response.create", "event_id": "r1"})  # known, but needs responses delegation
         ev = await expect_error(c, "unsupported_event")
-        assert "client" in ev["error"]["message"]
+        assert "client" in ev.error.message
         await still_alive(c)
     finally:
         await c.close()
@@ -298,7 +311,7 @@ async def test_oversized_message(server: ServerProcess) -> None:
         big = "A" * (MAX_MESSAGE + 1024)
         await c.send({"type": "session.input_audio.append", "audio": big})
         ev = await expect_error(c, "message_too_large")
-        assert str(MAX_MESSAGE) in ev["error"]["message"]
+        assert str(MAX_MESSAGE) in ev.error.message
         await still_alive(c)
     finally:
         await c.close()
@@ -314,9 +327,7 @@ async def test_immutable_update_is_refused_and_allowed_update_applies(server: Se
         ):
             await c.send({"type": "session.update", "event_id": f"u-{field}", "session": {field: value}})
             ev = await expect_error(c, "immutable_field")
-            assert (
-                ev["error"]["param"] == f"session.{field}" and ev["error"]["client_event_id"] == f"u-{field}"
-            )
+            assert ev.error.param == f"session.{field}" and ev.error.client_event_id == f"u-{field}"
         await c.send(
             {
                 "type": "session.update",
@@ -335,9 +346,9 @@ async def test_immutable_update_is_refused_and_allowed_update_applies(server: Se
                 },
             }
         )
-        ev = await c.next_event("session.updated")
-        assert ev["client_event_id"] == "ok"
-        assert ev["session"]["delegation"] == {"type": "client", "acknowledgement_delay_ms": 250}
+        ev = await c.next_event(wire.SessionUpdated)
+        assert ev.client_event_id == "ok"
+        assert ev.session.delegation == wire.Delegation(type="client", acknowledgement_delay_ms=250)
         await still_alive(c)
     finally:
         await c.close()
@@ -351,8 +362,8 @@ async def test_mute_and_unmute_are_acknowledged_and_idempotent(server: ServerPro
     try:
         for i, kind in enumerate(["mute", "mute", "unmute", "unmute"]):
             await c.send({"type": f"session.input_audio.{kind}", "event_id": f"m{i}"})
-            ev = await c.next_event(("session.input_audio.muted", "session.input_audio.unmuted", "error"))
-            assert ev["type"] == f"session.input_audio.{kind}d" and ev["client_event_id"] == f"m{i}"
+            ev = await c.next_event((wire.InputAudioMuted, wire.InputAudioUnmuted, wire.Error))
+            assert wire.event_type(ev) == f"session.input_audio.{kind}d" and ev.client_event_id == f"m{i}"
     finally:
         await c.close()
 
@@ -361,7 +372,7 @@ async def test_muted_input_is_not_heard(server: ServerProcess) -> None:
     c = await started(server)
     try:
         await c.send({"type": "session.input_audio.mute"})
-        await c.next_event("session.input_audio.muted")
+        await c.next_event(wire.InputAudioMuted)
         await c.append_audio(tone(0.6, 24000).astype("<i2").tobytes(), bytes_per_100ms=4800)
         await asyncio.sleep(0.5)
         out = decode(bytes(c.audio), "pcm24k")
@@ -379,17 +390,17 @@ async def test_text_appends_are_acknowledged_on_the_timeline(server: ServerProce
         await c.send(
             {"type": f"session.{kind}.append", "event_id": "t1", "content": "hello", "delegation_id": None}
         )
-        ev = await c.next_event(f"session.{kind}.appended")
-        assert ev["client_event_id"] == "t1"
-        assert isinstance(ev["start_ms"], int) and isinstance(ev["end_ms"], int)
-        assert 0 < ev["start_ms"] <= ev["end_ms"]
+        ev = await c.next_event(ACKS[kind])
+        assert ev.client_event_id == "t1"
+        assert isinstance(ev.start_ms, int) and isinstance(ev.end_ms, int)
+        assert 0 < ev.start_ms <= ev.end_ms
         # delegation_id is a required key; an unknown delegation id is refused; content must be a string.
         await c.send({"type": f"session.{kind}.append", "content": "x"})
-        assert (await expect_error(c, "missing_required_parameter"))["error"]["param"] == "delegation_id"
+        assert (await expect_error(c, "missing_required_parameter")).error.param == "delegation_id"
         await c.send({"type": f"session.{kind}.append", "content": "x", "delegation_id": "del_nope"})
         await expect_error(c, "unknown_delegation")
         await c.send({"type": f"session.{kind}.append", "content": 5, "delegation_id": None})
-        assert (await expect_error(c, "invalid_value"))["error"]["param"] == "content"
+        assert (await expect_error(c, "invalid_value")).error.param == "content"
     finally:
         await c.close()
 
@@ -401,14 +412,14 @@ async def test_fixture_plays_and_input_is_dropped_meanwhile(server: ServerProces
         await c.send(
             {"type": "session.output_audio.fixture.play", "event_id": "f1", "audio": b64(clip.tobytes())}
         )
-        ev = await c.next_event(("session.output_audio.fixture.playing", "error"))
-        assert ev["type"] == "session.output_audio.fixture.playing" and ev["client_event_id"] == "f1"
+        ev = await c.next_event((wire.FixturePlaying, wire.Error))
+        assert isinstance(ev, wire.FixturePlaying) and ev.client_event_id == "f1"
         # Talk over the fixture: that input is dropped (not echoed), and appends are refused meanwhile.
         await c.send({"type": "session.commentary.append", "content": "x", "delegation_id": None})
         await expect_error(c, "fixture_active")
         talk = asyncio.create_task(c.append_audio(tone(0.6, 24000).tobytes(), bytes_per_100ms=4800))
-        ev = await c.next_event("session.output_audio.fixture.played", timeout=5)
-        assert ev["client_event_id"] == "f1"
+        ev = await c.next_event(wire.FixturePlayed, timeout=5)
+        assert ev.client_event_id == "f1"
         await talk
         await asyncio.sleep(0.6)  # anything echoed would be out by now
         out = decode(bytes(c.audio), "pcm24k")
@@ -418,7 +429,7 @@ async def test_fixture_plays_and_input_is_dropped_meanwhile(server: ServerProces
         assert abs(dominant_hz(seg, 24000) - 660) < 10
         # The session goes on normally afterwards.
         await c.send({"type": "session.commentary.append", "content": "x", "delegation_id": None})
-        await c.next_event("session.commentary.appended")
+        await c.next_event(wire.CommentaryAppended)
     finally:
         await c.close()
 
@@ -444,12 +455,12 @@ async def test_session_close(server: ServerProcess) -> None:
     try:
         await asyncio.sleep(0.3)
         await c.send({"type": "session.close", "event_id": "bye"})
-        ev = await c.next_event("session.closed")
-        assert ev["reason"] == "close_requested" and ev["client_event_id"] == "bye"
-        assert isinstance(ev["usage"]["seconds"], float) and ev["usage"]["seconds"] >= 0.2
-        assert ev["session"]["status"] == "active" and ev["session"]["id"].startswith("live_")
+        ev = await c.next_event(wire.SessionClosed)
+        assert ev.reason == "close_requested" and ev.client_event_id == "bye"
+        assert isinstance(ev.usage.seconds, float) and ev.usage.seconds >= 0.2
+        assert ev.session.status == "active" and ev.session.id.startswith("live_")
         assert await c.wait_closed() == 1000
-        assert c.events[-1]["type"] == "session.closed"  # terminal
+        assert isinstance(c.events[-1], wire.SessionClosed)  # terminal
     finally:
         await c.close()
 
@@ -457,11 +468,11 @@ async def test_session_close(server: ServerProcess) -> None:
 async def test_usage_is_cumulative(server: ServerProcess) -> None:
     c = await started(server)
     try:
-        first = await c.next_event("session.usage.updated", timeout=8)
-        assert 4.5 <= first["usage"]["seconds"] <= 6.5
+        first = await c.next_event(wire.UsageUpdated, timeout=8)
+        assert 4.5 <= first.usage.seconds <= 6.5
         await c.send({"type": "session.close"})
-        closed = await c.next_event("session.closed")
-        assert closed["usage"]["seconds"] >= first["usage"]["seconds"]
+        closed = await c.next_event(wire.SessionClosed)
+        assert closed.usage.seconds >= first.usage.seconds
     finally:
         await c.close()
 
@@ -479,9 +490,9 @@ async def test_sustained_faster_than_real_time_input(server: ServerProcess) -> N
                 break
             await asyncio.sleep(0.05)
         assert await c.wait_closed() == 1013
-        errors = [e for e in c.events if e["type"] == "error"]
-        assert [e["error"]["code"] for e in errors] == ["input_backpressure"]  # once
-        assert c.events[-1]["type"] == "session.closed"
+        errors = c.of(wire.Error)
+        assert [e.error.code for e in errors] == ["input_backpressure"]  # once
+        assert isinstance(c.events[-1], wire.SessionClosed)
         assert 1.5 < time.monotonic() - t0 < 6
     finally:
         await c.close()
@@ -494,7 +505,7 @@ async def test_a_burst_within_the_allowance_is_accepted(server: ServerProcess) -
         await c.append_audio(bytes(4800 * 8), bytes_per_100ms=4800, realtime=False)
         await c.append_audio(bytes(4800 * 5), bytes_per_100ms=4800)
         await still_alive(c)
-        assert not [e for e in c.events if e["type"] == "error"]
+        assert not c.of(wire.Error)
     finally:
         await c.close()
 
@@ -512,7 +523,7 @@ async def test_loopback_echo_in_each_format(server: ServerProcess, name: str) ->
         await c.append_audio(encode(sent, name), bytes_per_100ms=rate // 10 * bps)
         elapsed = time.monotonic() - t0
         await c.send({"type": "session.close"})
-        await c.next_event("session.closed")
+        await c.next_event(wire.SessionClosed)
         # Continuous output in the session format: whole samples, 20-100 ms chunks, at about real time.
         sizes = [n for _, n in c.deltas]
         assert all(n % bps == 0 for n in sizes)

@@ -1,6 +1,6 @@
 """media.webrtc: SDP hygiene, the receive jitter buffer, and a real call on 127.0.0.1 through an engine process.
 
-The call: an aiortc caller (media.webrtc.WebRTCCaller) sends Piper speech to answer_offer(), which writes it into
+The call: an aiortc caller (livekit_omni.testing.webrtc_caller.WebRTCCaller) sends Piper speech to answer_offer(), which writes it into
 an engine session running the loopback echo fixture; the echo comes back on the outgoing track. The data channel
 carries JSON both ways.
 """
@@ -18,10 +18,10 @@ from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtp import RtpPacket
 
 from engine_bridge import protocol as p
+from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from media.webrtc import (
     AudioJitterBuffer,
     SdpError,
-    WebRTCCaller,
     answer_offer,
     disable_loopback_ice,
     enable_loopback_ice,

@@ -115,8 +115,8 @@ async def test_two_spoken_turns_and_a_barge_in(engine: EngineProcess, client: En
         assert {"capital", "france"} <= set(words(conv.texts("user")[-1]))
         # The engine's own log agrees: the interrupted reply is marked, and holds the kept words.
         stats = await conv.duplex.engine_stats()
-        seg = next(s for s in stats["log"] if s["role"] == "assistant" and s["turn_id"] == barge.turn_id)
-        assert seg["interrupted"] and words(seg["text"]) == kept
+        seg = next(s for s in stats.log if s.role == "assistant" and s.turn_id == barge.turn_id)
+        assert seg.interrupted and words(seg.text) == kept
 
         # Usage goes to LiveKit as deltas: the session's total is the audio time, not a running sum of sums.
         usage = conv.session.usage.model_usage
@@ -125,7 +125,7 @@ async def test_two_spoken_turns_and_a_barge_in(engine: EngineProcess, client: En
     finally:
         await conv.aclose()
         await model.aclose()
-    assert (await client.ping())["active_sessions"] == 0
+    assert (await client.ping()).active_sessions == 0
 
 
 def _loud(frame: rtc.AudioFrame) -> bool:
@@ -139,7 +139,7 @@ async def test_two_agent_sessions_on_one_engine_keep_separate_conversations(
     a = await start_conversation(model, rate=48_000, instructions=INSTRUCTIONS)
     b = await start_conversation(model, rate=24_000, instructions=INSTRUCTIONS)
     try:
-        assert (await client.ping())["active_sessions"] == 2
+        assert (await client.ping()).active_sessions == 2
         answers = await asyncio.gather(
             ask(a, "What is the capital of France?", timeout=90),
             ask(b, "How many legs does a spider have?", timeout=90),
@@ -152,15 +152,13 @@ async def test_two_agent_sessions_on_one_engine_keep_separate_conversations(
         # Each engine session logged only its own caller.
         for conv, mine, other in ((a, "france", "spider"), (b, "spider", "france")):
             assert isinstance(conv.duplex, ColocatedSession)
-            log = " ".join(
-                s["text"] for s in (await conv.duplex.engine_stats())["log"] if s["role"] == "user"
-            )
+            log = " ".join(s.text for s in (await conv.duplex.engine_stats()).log if s.role == "user")
             assert mine in words(log) and other not in words(log)
     finally:
         await a.aclose()
         await b.aclose()
         await model.aclose()
-    assert (await client.ping())["active_sessions"] == 0
+    assert (await client.ping()).active_sessions == 0
 
 
 async def test_context_reaches_the_engine_once_and_in_order(engine: EngineProcess) -> None:
@@ -181,11 +179,11 @@ async def test_context_reaches_the_engine_once_and_in_order(engine: EngineProces
         await s._update_instructions("You are chatty.")
         await s._update_instructions("You are chatty.")
         for _ in range(100):
-            log = (await s.engine_stats())["log"]
+            log = (await s.engine_stats()).log
             if len(log) >= 7:
                 break
             await asyncio.sleep(0.05)
-        assert [(e["role"], e["text"]) for e in log] == [
+        assert [(e.role, e.text) for e in log] == [
             ("system", "You are terse."),
             ("developer", "Speak French."),
             ("user", "My name is Bob."),

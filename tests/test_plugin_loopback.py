@@ -50,7 +50,7 @@ async def test_agent_session_hears_the_engine_in_real_time(
     assert isinstance(duplex, ColocatedSession)
     rec.watch_duplex(duplex)
     assert await asyncio.wait_for(duplex.wait_ready(), 10)
-    assert (await client.ping())["active_sessions"] == 1
+    assert (await client.ping()).active_sessions == 1
     t0 = time.monotonic()
     sent_at = await mic.say(tone(1.0, 48_000))
     await rec.wait_for(lambda: speaker.loud_seconds() >= 0.9, 10, "the echo to be played")
@@ -73,7 +73,7 @@ async def test_agent_session_hears_the_engine_in_real_time(
     assert not rec.of("error") and not rec.of("duplex.error")
     await session.aclose()
     await model.aclose()
-    assert (await client.ping())["active_sessions"] == 0
+    assert (await client.ping()).active_sessions == 0
 
 
 async def test_push_audio_never_blocks_and_drops_the_oldest(
@@ -112,10 +112,10 @@ async def test_aclose_releases_the_engine_session_and_its_rings(
     assert es is not None
     names = es.rings.names
     assert all(Path("/dev/shm", n).exists() for n in names)
-    assert (await client.ping())["active_sessions"] == 1
+    assert (await client.ping()).active_sessions == 1
     await s.aclose()
     assert es.closed and not any(Path("/dev/shm", n).exists() for n in names)
-    assert (await client.ping())["active_sessions"] == 0
+    assert (await client.ping()).active_sessions == 0
     # A closed session refuses further steering clearly.
     with pytest.raises(llm.RealtimeError):
         s.append_thinking("too late")
@@ -130,13 +130,13 @@ async def test_a_full_engine_is_an_unrecoverable_error(engine: EngineProcess, cl
     for s in sessions[:2]:
         await configure(s)
         assert await asyncio.wait_for(s.wait_ready(), 10)
-    assert (await client.ping())["active_sessions"] == 2
+    assert (await client.ping()).active_sessions == 2
     await configure(sessions[2])
     assert not await asyncio.wait_for(sessions[2].wait_ready(), 10)
     assert len(errors) == 1 and errors[0].recoverable is False
     assert isinstance(errors[0].error, llm.RealtimeError) and "session_limit_reached" in str(errors[0].error)
     await model.aclose()
-    assert (await client.ping())["active_sessions"] == 0
+    assert (await client.ping()).active_sessions == 0
 
 
 async def test_an_agent_with_tools_fails_to_start_with_a_clear_error(engine: EngineProcess) -> None:

@@ -19,6 +19,7 @@ import pytest
 from engine_bridge import protocol as p
 from engine_bridge.client import EngineClient
 from livekit_omni import OmniDuplexModel
+from livekit_omni.live import wire
 from livekit_omni.plugin.remote import RemoteSession
 from tests.conftest import ServerProcess, start_server
 from tests.plugin_harness import (
@@ -43,10 +44,10 @@ def server() -> Iterator[ServerProcess]:
     srv.stop()
 
 
-async def engine_log(server: ServerProcess, session_id: str) -> list[dict[str, Any]]:
+async def engine_log(server: ServerProcess, session_id: str) -> list[p.LogEntry]:
     client = await EngineClient.connect("unix:" + server.socket_path)
     try:
-        return (await client.request(p.GetStats(req_id=0, session_id=session_id))).result["log"]
+        return (await client.session_stats(session_id)).log
     finally:
         await client.close()
 
@@ -61,7 +62,7 @@ async def test_two_spoken_turns_and_a_barge_in_over_the_live_websocket(server: S
     duplex = conv.duplex
     assert isinstance(duplex, RemoteSession)
     sent: list[str] = []
-    duplex.on("omni_client_event", lambda ev: sent.append(ev["type"]))
+    duplex.on("omni_client_event", lambda ev: sent.append(wire.event_type(ev)))
     t0 = time.monotonic()
     try:
         first = await ask_and_wait(conv, "Hello, my name is Alice.", settle_s=2.0)
@@ -95,10 +96,10 @@ async def test_two_spoken_turns_and_a_barge_in_over_the_live_websocket(server: S
         # Its message holds only what was played: the words the engine kept, plus at most the word in flight.
         assert duplex.session_id is not None
         log = await engine_log(server, duplex.session_id)
-        cut = [s for s in log if s["role"] == "assistant" and s["interrupted"]]
+        cut = [s for s in log if s.role == "assistant" and s.interrupted]
         assert cut, log
-        told, kept = words(story), words(cut[-1]["text"])
-        assert told[: len(kept)] == kept and len(told) - len(kept) <= 1, (story, cut[-1]["text"])
+        told, kept = words(story), words(cut[-1].text)
+        assert told[: len(kept)] == kept and len(told) - len(kept) <= 1, (story, cut[-1].text)
         assert 0 < len(told) < 30
         # And the next answer followed the caller's interrupting question.
         assert words(following), conv.rec.summary()

@@ -8,6 +8,7 @@ Only LiveKit's room is replaced (tests/plugin_harness.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -23,9 +24,12 @@ from livekit import rtc
 from livekit.agents import Agent, AgentSession, llm
 
 from livekit_omni import EngineOccupancy, OmniDuplexModel
+from livekit_omni.live import wire
 from livekit_omni.plugin.remote import RemoteSession
 from tests.conftest import EVENT_LOG, ROOT, ServerProcess, free_port, start_server
 from tests.plugin_harness import Mic, Recorder, Speaker
+
+C = TypeVar("C", bound=wire.ClientCommand)
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +63,8 @@ def tone(seconds: float, rate: int = 24_000) -> np.ndarray:
     return (0.3 * np.sin(2 * np.pi * 440 * t) * 32767).astype(np.int16)
 
 
-def sent(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [e for e in events if e["type"] == kind]
+def sent(events: list[wire.ClientCommand], kind: type[C]) -> list[C]:
+    return [e for e in events if isinstance(e, kind)]
 
 
 async def test_audio_round_trip_and_usage_in_an_agent_session(server: ServerProcess) -> None:
@@ -92,7 +96,7 @@ async def test_context_on_the_wire_before_and_after_start(server: ServerProcess)
     model = OmniDuplexModel(base_url=server.url + "/v1", voice="marin")
     s = model.session()
     assert isinstance(s, RemoteSession)
-    events: list[dict[str, Any]] = []
+    events: list[wire.ClientCommand] = []
     s.on("omni_client_event", events.append)
     ctx = llm.ChatContext.empty()
     ctx.add_message(role="system", content="Speak French.", id="i1")
@@ -100,7 +104,8 @@ async def test_context_on_the_wire_before_and_after_start(server: ServerProcess)
     ctx.add_message(role="assistant", content="Hello Bob.", id="i3")
     await s._update_session(instructions="You are terse.", chat_ctx=ctx, tools=[])
     assert await asyncio.wait_for(s.wait_ready(), 10)
-    start = sent(events, "session.start")[0]["session"]
+    (start_event,) = sent(events, wire.SessionStart)
+    start = json.loads(wire.encode(start_event))["session"]  # as it crossed the wire
     assert start["instructions"] == "You are terse."
     assert start["audio"] == {"format": {"type": "audio/pcm", "rate": 24_000}, "output": {"voice": "marin"}}
     assert start["delegation"] == {"type": "client"}
@@ -119,7 +124,11 @@ async def test_context_on_the_wire_before_and_after_start(server: ServerProcess)
     s._generate_reply(instructions="Say hello.")
     s._generate_reply()
     await asyncio.sleep(0.5)
-    appends = [(e["type"], e["content"]) for e in events if e["type"].endswith(".append")]
+    appends = [
+        (wire.event_type(e), e.content)
+        for e in events
+        if isinstance(e, wire.InstructionsAppend | wire.ThinkingAppend | wire.CommentaryAppend)
+    ]
     assert appends == [
         ("session.instructions.append", "Be kind."),
         ("session.thinking.append", "user: I like tea.\nassistant: Noted."),
@@ -130,7 +139,7 @@ async def test_context_on_the_wire_before_and_after_start(server: ServerProcess)
     with pytest.raises(llm.RealtimeError, match="does not run tools"):
         await s._update_tools([llm.function_tool(lambda: "x", name="f", description="d")])
     await s.aclose()
-    assert sent(events, "session.close"), "a clean close asks the server to finalize"
+    assert sent(events, wire.SessionClose), "a clean close asks the server to finalize"
     await model.aclose()
 
 
@@ -141,7 +150,7 @@ async def test_a_session_the_server_ends_is_reseeded_with_the_conversation() -> 
     try:
         model = OmniDuplexModel(base_url=srv.url + "/v1")
         s = model.session()
-        events: list[dict[str, Any]] = []
+        events: list[wire.ClientCommand] = []
         errors: list[llm.RealtimeModelError] = []
         reconnected: list[object] = []
         s.on("omni_client_event", events.append)
@@ -159,13 +168,13 @@ async def test_a_session_the_server_ends_is_reseeded_with_the_conversation() -> 
                 break
             await asyncio.sleep(0.05)
         assert reconnected and s.session_id != first
-        starts = sent(events, "session.start")
+        starts = sent(events, wire.SessionStart)
         assert len(starts) == 2
-        replay = [(i["role"], i["content"][0]["text"]) for i in starts[1]["session"]["input"]]
+        replay = [(i.role, i.content[0].text) for i in starts[1].session.input or []]
         assert replay == [("user", "My name is Bob."), ("developer", "The caller likes tea.")]
-        assert starts[1]["session"]["instructions"] == "Be brief."
+        assert starts[1].session.instructions == "Be brief."
         second_start = events.index(starts[1])
-        assert sent(events[second_start:], "session.input_audio.mute"), "the mute is re-applied"
+        assert sent(events[second_start:], wire.InputAudioMute), "the mute is re-applied"
         # Reported as a recoverable error; the session goes on.
         assert errors and all(e.recoverable for e in errors)
         await s.aclose()

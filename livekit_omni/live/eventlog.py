@@ -1,7 +1,8 @@
 """Optional JSONL log of every server event the facade emits (``LIVEKIT_OMNI_EVENT_LOG=/path/file.jsonl``).
 
-The conformance test (tests/test_zz_live_event_conformance.py) validates each logged event against the openai
-SDK's models. Audio deltas are logged with their payload elided. Writing happens on a daemon thread behind a
+Each line is one frame exactly as it was sent to the client, audio deltas included (the session writes every frame
+through one method that logs it first), so the conformance test (tests/test_zz_live_event_conformance.py)
+validates what crossed the wire against the openai SDK's models. Writing happens on a daemon thread behind a
 bounded queue, so the event loop never waits on the disk; when the queue is full, lines are dropped and counted
 rather than buffered without bound.
 """
@@ -19,7 +20,6 @@ log = logging.getLogger(__name__)
 
 ENV_VAR: Final = "LIVEKIT_OMNI_EVENT_LOG"
 QUEUE_LIMIT: Final = 20_000
-ELIDED_AUDIO: Final = b'{"type":"session.output_audio.delta","delta":""}'
 
 
 class EventLog:

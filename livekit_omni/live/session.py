@@ -8,8 +8,10 @@ the protocol's own bookkeeping: lifetime, usage, input backpressure, fixtures, a
 Who runs what (all on the event loop, never blocking it):
 
 * the transport's receive loop calls :meth:`LiveSession.handle_text` for each client message, in order;
-* one task per session drains the engine's event queue (:meth:`_pump_engine_events`);
-* one task per session does the 1 s housekeeping (lifetime, usage, engine keep-alive);
+* the session's :class:`~media.bridge.SessionBridge` owns its ingress writer, egress player, engine event pump
+  (which calls :meth:`LiveSession._on_engine_event`) and engine keep-alive, as for every consumer of an engine
+  session (the WebRTC peer uses the bridge's writer and player);
+* one task per session does the 1 s housekeeping (lifetime, usage);
 * :class:`LiveHub` ticks every WebSocket session's output once per 20 ms from one shared clock, so a thousand
   sessions cost one timer, not a thousand.
 """
@@ -17,7 +19,6 @@ Who runs what (all on the event loop, never blocking it):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import secrets
@@ -25,6 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+import msgspec
 import numpy as np
 
 from engine_bridge import protocol as p
@@ -32,8 +34,9 @@ from engine_bridge.client import EngineSession
 from engine_bridge.control import ControlError, EngineLostError, EngineRequestError
 from engine_bridge.formats import ENGINE_OUTPUT_RATE, FRAME_MS
 from livekit_omni.live import wire
-from livekit_omni.live.eventlog import ELIDED_AUDIO, event_log
+from livekit_omni.live.eventlog import event_log
 from livekit_omni.supervisor import EngineUnavailableError
+from media.bridge import SessionBridge
 from media.codecs import AudioEncoding, alaw_encode, ulaw_encode
 from media.egress import EgressPlayer, OutputFrame, TranscriptDelta
 from media.ingress import IngressWriter
@@ -243,6 +246,8 @@ class LiveSession:
         self.state = "new"  # new -> opening -> active -> closed
         self.config: wire.ResolvedConfig | None = None
         self.engine: EngineSession | None = None
+        #: The engine session's media, event pump and keep-alive (made when the engine session opens).
+        self.bridge: SessionBridge | None = None
         self.player: EgressPlayer | None = None
         #: Where output frames are pulled from: the player with fixture overlay.
         self.output: FixtureOverlay | None = None
@@ -284,35 +289,37 @@ class LiveSession:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def emit(self, ev: dict[str, Any]) -> None:
-        """Send one server event (and log it when the event log is on)."""
-        if self.allowed_server_events is not None and ev["type"] not in self.allowed_server_events:
+    def emit(self, ev: wire.ServerEvent) -> None:
+        """Send one server event."""
+        etype = wire.event_type(ev)
+        if self.allowed_server_events is not None and etype not in self.allowed_server_events:
             return
         data = wire.encode(ev)
         if len(data) > self.settings.limits.max_outbound_bytes:
-            data = self._shrink(ev, data)
+            data = self._shrink(ev, etype, data)
+        if isinstance(ev, wire.Error):
+            self.metrics.errors.labels(code=ev.error.code).inc()
+        self._send(data)
+
+    def _send(self, data: bytes) -> None:
+        """Every frame leaves through here, so the event log holds exactly what crossed the wire."""
         if self._log is not None:
             self._log.write(data)
-        if ev["type"] == "error":
-            self.metrics.errors.labels(code=ev["error"]["code"]).inc()
         self.transport.send(data)
 
-    def _shrink(self, ev: dict[str, Any], data: bytes) -> bytes:
+    def _shrink(self, ev: wire.ServerEvent, etype: str, data: bytes) -> bytes:
         """An event over ``max_outbound_bytes`` (clients break on large frames): the session resource loses its
         echo-only history and instructions; anything else still too large is replaced by an error."""
-        if isinstance(ev.get("session"), dict):
-            slim = {k: v for k, v in ev["session"].items() if k not in ("input", "instructions")}
-            data = wire.encode({**ev, "session": slim})
+        if isinstance(ev, wire.SessionStarted | wire.SessionUpdated | wire.SessionClosed):
+            slim = msgspec.structs.replace(ev.session, input=None, instructions=None)
+            data = wire.encode(msgspec.structs.replace(ev, session=slim))
         if len(data) > self.settings.limits.max_outbound_bytes:
             log.error(
-                "session %s: dropped a %d-byte %s event (over the outbound limit)",
-                self.id,
-                len(data),
-                ev["type"],
+                "session %s: dropped a %d-byte %s event (over the outbound limit)", self.id, len(data), etype
             )
             data = wire.encode(
                 wire.error_event(
-                    "event_too_large", f"a {ev['type']} event was too large to send", type=wire.SERVER_ERROR
+                    "event_too_large", f"a {etype} event was too large to send", type=wire.SERVER_ERROR
                 )
             )
         return data
@@ -320,7 +327,7 @@ class LiveSession:
     def emit_error(self, e: wire.WireError, client_event_id: str | None = None) -> None:
         self.emit(wire.error_from(e, client_event_id))
 
-    def resource(self) -> dict[str, Any]:
+    def resource(self) -> wire.SessionResource:
         assert self.config is not None
         return wire.session_resource(self.config, session_id=self.id, expires_at=self.expires_at)
 
@@ -338,7 +345,7 @@ class LiveSession:
             self.emit_error(e)
             return
         cid = cmd.event_id
-        ctype = type(cmd).__struct_config__.tag
+        ctype = wire.event_type(cmd)
         if self.allowed_client_events is not None and ctype not in self.allowed_client_events:
             self.emit(
                 wire.error_event(
@@ -387,7 +394,11 @@ class LiveSession:
                 self.user_muted = muted
                 if not self._fixture_playing:  # a fixture keeps the input muted until it ends
                     await self._set_engine_mute(muted)
-                self.emit(wire.event(f"session.input_audio.{'muted' if muted else 'unmuted'}", cid))
+                self.emit(
+                    wire.InputAudioMuted(client_event_id=cid)
+                    if muted
+                    else wire.InputAudioUnmuted(client_event_id=cid)
+                )
             case wire.InstructionsAppend() | wire.ThinkingAppend() | wire.CommentaryAppend():
                 await self._on_append(cmd)
             case wire.FixturePlay():
@@ -397,7 +408,7 @@ class LiveSession:
                 delegation = wire.check_update(cmd.session, self.config.delegation)
                 if delegation is not None:
                     self.config.delegation = delegation
-                self.emit(wire.event("session.updated", cid, session=self.resource()))
+                self.emit(wire.SessionUpdated(client_event_id=cid, session=self.resource()))
             case wire.SessionClose():
                 await self.end("close_requested", code=CLOSE_NORMAL, client_event_id=cid)
             case _:
@@ -482,6 +493,7 @@ class LiveSession:
             raise self._refused("engine_error", f"the engine refused the session: {e.message}") from e
         except (ControlError, TimeoutError) as e:
             raise self._refused("engine_unavailable", f"the engine did not answer: {e}") from e
+        self.bridge = SessionBridge(self.engine, self._on_engine_event)
         self.hub.add(self)
 
     def _refused(self, code: str, message: str) -> wire.WireError:
@@ -491,7 +503,7 @@ class LiveSession:
 
     def announce(self, *, client_event_id: str | None = None) -> None:
         """Send ``session.started`` and start the session's clocks (after the engine session is open)."""
-        assert self.engine is not None and self.config is not None
+        assert self.bridge is not None and self.config is not None
         self.state = "active"
         self.started_at = time.monotonic()
         self._last_input = self._backlog_at = self.started_at
@@ -500,17 +512,18 @@ class LiveSession:
         self.metrics.active_sessions.labels(transport=self.transport.kind).inc()
         if self.transport.carries_audio and self.config.format is not None:
             fmt = self.config.format
-            self.writer = IngressWriter(self.engine, encoding=fmt.encoding, rate=fmt.rate)
-            self.attach_player(EgressPlayer(self.engine, rate=fmt.rate, encoding=fmt.encoding))
-        self.emit(wire.event("session.started", client_event_id, session=self.resource()))
+            self.writer = self.bridge.writer
+            self.writer.set_format(fmt.encoding, fmt.rate)
+            self.attach_player(self.bridge.open_output(rate=fmt.rate, encoding=fmt.encoding))
+        self.emit(wire.SessionStarted(client_event_id=client_event_id, session=self.resource()))
         if self.config.store_requested:
             self.emit(
-                wire.info_event(
-                    "store_unavailable",
-                    "this server does not store sessions (no fork or recording download); store is ignored",
+                wire.Info(
+                    code="store_unavailable",
+                    message="this server does not store sessions (no fork or recording download); store is ignored",
                 )
             )
-        self.spawn(self._pump_engine_events())
+        self.bridge.start()
         self.spawn(self._housekeeping())
         if self.transport.carries_audio and self.output is not None:
             self.hub.start_ticking(self)
@@ -584,10 +597,9 @@ class LiveSession:
                 f"content is limited to {wire.MAX_APPEND_CHARS} characters",
                 param="content",
             )
-        result = await self.engine.append_text(kind, cmd.content)
-        start = int(result.get("start_ms", 0))
-        end = max(start, int(result.get("end_ms", start)))
-        self.emit(wire.event(ack, cmd.event_id, start_ms=start, end_ms=end))
+        landed = await self.engine.append_text(kind, cmd.content)
+        start, end = landed.start_ms, max(landed.start_ms, landed.end_ms)
+        self.emit(ack(client_event_id=cmd.event_id, start_ms=start, end_ms=end))
 
     async def _set_engine_mute(self, muted: bool) -> None:
         assert self.engine is not None
@@ -624,7 +636,7 @@ class LiveSession:
         if self.state != "active":
             return
         self.output.play(fixture)
-        self.emit(wire.event("session.output_audio.fixture.playing", cmd.event_id))
+        self.emit(wire.FixturePlaying(client_event_id=cmd.event_id))
 
     def _on_fixture_done(self) -> None:
         # Called from the frame that carried the clip's last samples (sync); the rest needs the engine.
@@ -640,7 +652,7 @@ class LiveSession:
             self._fixture_playing = False
             self._fixture_client_event_id = None
         if self.state == "active":
-            self.emit(wire.event("session.output_audio.fixture.played", cid))
+            self.emit(wire.FixturePlayed(client_event_id=cid))
 
     # --- output (WebSocket): one 20 ms frame per tick of the hub's clock -------------------------------------
     def tick(self) -> None:
@@ -665,10 +677,7 @@ class LiveSession:
     def _flush_audio(self) -> None:
         if not self._out:
             return
-        data = wire.audio_delta_bytes(bytes(self._out))
-        if self._log is not None:
-            self._log.write(ELIDED_AUDIO)
-        self.transport.send(data)
+        self._send(wire.encode(wire.OutputAudioDelta(delta=bytes(self._out))))
         self.metrics.audio_out_seconds.inc(self._out_frames * FRAME_MS / 1000)
         self._out.clear()
         self._out_frames = 0
@@ -688,7 +697,7 @@ class LiveSession:
                 continue
             start = max(d.start_ms, self._last_output_ms)
             self._last_output_ms = start
-            self.emit(wire.transcript_delta("output", d.text, start, max(start, d.end_ms)))
+            self.emit(wire.OutputTranscriptDelta(delta=d.text, start_ms=start, end_ms=max(start, d.end_ms)))
 
     def on_output_frame(self, frame: OutputFrame) -> None:
         """For transports that pace output themselves (WebRTC): transcripts and latency of a frame just sent."""
@@ -702,30 +711,21 @@ class LiveSession:
             self._emit_output_transcripts(frame.transcripts)
 
     # --- engine events --------------------------------------------------------------------------------------
-    async def _pump_engine_events(self) -> None:
-        engine = self.engine
-        assert engine is not None
-        while True:
-            ev = await engine.events.get()
-            if isinstance(ev, p.SessionClosed):
-                await self._engine_closed(ev.reason)
-                return
-            try:
-                self._on_engine_event(ev)
-            except Exception:
-                log.exception("session %s: engine event %s failed", self.id, type(ev).__name__)
-
     def _on_engine_event(self, ev: p.SessionEvent) -> None:
+        """One engine event, from the bridge's pump (model text has already gone to the player)."""
+        if self.state == "closed":
+            return  # session.closed was the last event; the bridge stops when the end completes
         match ev:
-            case p.OutputTranscript():
-                if self.output is not None:
-                    self.output.add_transcript(ev)
+            case p.SessionClosed():
+                self.spawn(self._engine_closed(ev.reason))
             case p.InputTranscript(final=True):
                 text = ev.text.strip()
                 if text:
                     start = max(ev.start_ms, self._last_input_ms)
                     self._last_input_ms = start
-                    self.emit(wire.transcript_delta("input", text, start, max(start, ev.end_ms)))
+                    self.emit(
+                        wire.InputTranscriptDelta(delta=text, start_ms=start, end_ms=max(start, ev.end_ms))
+                    )
             case p.SpeechStopped():
                 self._stopped_at = time.monotonic()
                 self._stopped_turn = self._playing_turn
@@ -762,9 +762,6 @@ class LiveSession:
         limits = self.settings.limits
         deadline = self.started_at + limits.session_lifetime_s
         next_usage = self.started_at + USAGE_INTERVAL_S
-        # The engine reaps sessions nobody touches; a connected client that is merely quiet is not gone.
-        touch_every = max(1.0, self.settings.engine.idle_ttl_s / 4)
-        last_touch = self.started_at
         while self.state == "active":
             now = time.monotonic()
             if now >= deadline:
@@ -773,25 +770,21 @@ class LiveSession:
             if now >= next_usage:
                 next_usage += USAGE_INTERVAL_S
                 self.emit(self._usage_event())
-            if self.engine is not None and now - max(self._last_input, last_touch) >= touch_every:
-                last_touch = now
-                with contextlib.suppress(ControlError, TimeoutError):
-                    await asyncio.wait_for(self.engine.touch(), ENGINE_REQUEST_TIMEOUT_S)
             await asyncio.sleep(min(1.0, max(0.01, deadline - time.monotonic())))
 
-    def _usage_event(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {"usage": wire.usage(self.usage_seconds())}
+    def _usage_event(self) -> wire.UsageUpdated:
+        window = None
         if self._context is not None and self._context[1] > 0:
-            fields["context_window"] = {"usage_ratio": round(self._context[0] / self._context[1], 4)}
-        return wire.event("session.usage.updated", None, **fields)
+            window = wire.ContextWindow(usage_ratio=round(self._context[0] / self._context[1], 4))
+        return wire.UsageUpdated(usage=wire.usage(self.usage_seconds()), context_window=window)
 
     # --- the end --------------------------------------------------------------------------------------------
     async def end(
         self,
-        reason: str | None,
+        reason: wire.CloseReason | None,
         *,
         code: int,
-        error: dict[str, Any] | None = None,
+        error: wire.Error | None = None,
         client_event_id: str | None = None,
         notify: bool = True,
         close_reason: str | None = None,
@@ -815,9 +808,8 @@ class LiveSession:
         if notify and was_active and reason is not None and self.config is not None:
             self.emit(self._usage_event())  # the final cumulative figure, then the terminal event
             self.emit(
-                wire.event(
-                    "session.closed",
-                    client_event_id,
+                wire.SessionClosed(
+                    client_event_id=client_event_id,
                     reason=reason,
                     session=self.resource(),
                     usage=wire.usage(self.usage_seconds()),
@@ -825,14 +817,13 @@ class LiveSession:
             )
         if was_active:
             self.metrics.active_sessions.labels(transport=self.transport.kind).dec()
-        # Stop touching the rings before the engine session releases them.
-        if self.player is not None:
-            self.player.close()
-        if self.writer is not None:
-            self.writer.close()
         await self.transport.close(code, close_reason or reason or "")
-        if self.engine is not None:
-            await self.engine.close("client" if reason in (None, "close_requested") else reason)
+        # The bridge stops touching the rings before the engine session releases them.
+        engine_reason = "client" if reason in (None, "close_requested") else reason
+        if self.bridge is not None:
+            await self.bridge.close(engine_reason)
+        elif self.engine is not None:
+            await self.engine.close(engine_reason)
         log.info("session %s ended: %s (close %d)", self.id, reason or "client gone", code)
 
     async def transport_closed(self) -> None:

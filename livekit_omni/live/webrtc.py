@@ -154,19 +154,18 @@ async def create_webrtc_session(request: Request) -> Response:
     live = LiveSession(hub, transport, accepts_start=False)
     transport.session = live
     if cfg.client is not None:
-        dc = cfg.client["data_channel"]
-        ce, se = dc.get("allowed_client_events"), dc.get("allowed_server_events")
-        if isinstance(ce, list):
-            live.allowed_client_events = frozenset(ce)
-        if isinstance(se, list):
-            live.allowed_server_events = frozenset(x["type"] for x in se)
+        dc = cfg.client.data_channel
+        if isinstance(dc.allowed_client_events, list):
+            live.allowed_client_events = frozenset(dc.allowed_client_events)
+        if isinstance(dc.allowed_server_events, list):
+            live.allowed_server_events = frozenset(x.type for x in dc.allowed_server_events)
     try:
         await live.open_or_raise(cfg)
     except wire.WireError as e:
         status = 503 if e.code in ("session_limit_reached", "engine_unavailable") else 500
         hub.metrics.errors.labels(code=e.code).inc()
         return _error(status, e.code, e.message, type=e.type)
-    assert live.engine is not None
+    assert live.bridge is not None
 
     async def on_state(state: str) -> None:
         if state in ("failed", "closed"):
@@ -181,7 +180,7 @@ async def create_webrtc_session(request: Request) -> Response:
     try:
         peer = await answer_offer(
             req.transport.sdp,
-            live.engine,
+            live.bridge,
             ice_servers=_ice_servers(settings.webrtc.ice_servers),
             loopback_only=True if settings.webrtc.loopback_only else None,
             on_datachannel_message=live.handle_text,

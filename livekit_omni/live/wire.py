@@ -1,12 +1,17 @@
-"""Wire models of the OpenAI Live facade: every client command it decodes and every server event it builds.
+"""The OpenAI Live protocol as this server speaks it: every client command and every server event, as types.
 
-Client commands are ``msgspec`` structs tagged by ``type``; unknown fields are ignored (docs/protocol.md:
-a compatible server SHOULD ignore them). :func:`decode_command` turns one text frame into a command or a
-:class:`WireError` that names the problem, so the session answers with an ``error`` event and goes on.
+The one protocol module. The facade decodes commands and encodes events with it (:mod:`livekit_omni.live.session`);
+the plugin's remote mode encodes commands and decodes events with the same types (:mod:`livekit_omni.plugin.remote`),
+and so does the test client (:mod:`livekit_omni.testing.live_client`). docs/protocol.md describes it for users.
 
-Server events are plain dicts built by the functions at the bottom, each with a fresh ``event_id`` (and
-``client_event_id`` when the command that caused it had one), encoded by :func:`encode`. Audio deltas, the only
-hot path, are built as bytes directly.
+* Client commands are ``msgspec`` structs tagged by ``type``; unknown fields are ignored (a compatible server
+  should ignore them). :func:`decode_command` turns one text frame into a command or a :class:`WireError` that
+  names the problem, so the session answers with an ``error`` event and goes on.
+* Server events are tagged structs too (:data:`ServerEvent`), each with a fresh ``event_id`` (and
+  ``client_event_id`` when the command that caused it had one); :func:`encode` writes them and
+  :func:`decode_server_event` reads them back. Optional fields that are unset are left out of the JSON, as the
+  stock clients expect. Output audio (:class:`OutputAudioDelta`) holds raw bytes; msgspec writes them as base64
+  in C, so the hot path costs no Python-level base64 call.
 """
 
 from __future__ import annotations
@@ -46,19 +51,22 @@ class WireError(Exception):
         self.client_event_id = client_event_id
 
 
-# --- client commands ------------------------------------------------------------------------------------------
+# --- configuration (session.start, and the resolved SessionResource) ------------------------------------------
+# One set of structs for both directions: the facade decodes them from session.start, the remote plugin encodes
+# them into its session.start, and the resolved configuration reuses them in session.started. Unset optional
+# fields are left out of the JSON (omit_defaults).
 
 
-class _Cmd(msgspec.Struct, tag_field="type", kw_only=True):
-    event_id: str | None = None
+class _Part(msgspec.Struct, kw_only=True, omit_defaults=True):
+    pass
 
 
-class TextPart(msgspec.Struct, kw_only=True):
+class TextPart(_Part):
     text: str
     type: str | None = None
 
 
-class InitialItem(msgspec.Struct, kw_only=True):
+class InitialItem(_Part):
     role: str
     content: list[TextPart]
     type: str | None = None
@@ -66,27 +74,47 @@ class InitialItem(msgspec.Struct, kw_only=True):
     status: str | None = None
 
 
-class AudioFormat(msgspec.Struct, kw_only=True):
+class AudioFormat(_Part):
     type: str
     rate: int | None = None
 
 
-class AudioOutput(msgspec.Struct, kw_only=True):
-    # A built-in name, any string, or a custom voice ``{"id": "voice_..."}``.
-    voice: str | dict[str, Any] | None = None
+class CustomVoice(_Part):
+    id: str
 
 
-class AudioConfig(msgspec.Struct, kw_only=True):
+class AudioOutput(_Part):
+    #: A built-in name, any string, or a custom voice ``{"id": "voice_..."}``.
+    voice: str | CustomVoice | None = None
+
+
+class AudioConfig(_Part):
     format: AudioFormat | None = None
     output: AudioOutput | None = None
 
 
-class Delegation(msgspec.Struct, kw_only=True):
+class Delegation(_Part):
     type: str
     acknowledgement_delay_ms: int | None = None
 
 
-class StartConfig(msgspec.Struct, kw_only=True):
+class ServerEventSelector(_Part):
+    type: str
+    response_event: str | None = None
+
+
+class DataChannelPermissions(_Part):
+    """Which events an (untrusted) WebRTC front end may send and receive: ``"all"`` or a list."""
+
+    allowed_client_events: Literal["all"] | list[str] | None = None
+    allowed_server_events: Literal["all"] | list[ServerEventSelector] | None = None
+
+
+class ClientConfig(_Part):
+    data_channel: DataChannelPermissions
+
+
+class StartConfig(_Part):
     model: str
     instructions: str | None = None
     input: list[InitialItem] | None = None
@@ -95,10 +123,10 @@ class StartConfig(msgspec.Struct, kw_only=True):
     store: bool | None = None
     safety_identifier: str | None = None
     triggers: list[dict[str, Any]] | None = None
-    client: dict[str, Any] | None = None
+    client: ClientConfig | None = None
 
 
-class UpdateConfig(msgspec.Struct, kw_only=True):
+class UpdateConfig(_Part):
     delegation: Delegation | msgspec.UnsetType | None = msgspec.UNSET
     triggers: list[dict[str, Any]] | msgspec.UnsetType | None = msgspec.UNSET
     # Present only to be refused: they are fixed once the session has started.
@@ -109,6 +137,13 @@ class UpdateConfig(msgspec.Struct, kw_only=True):
     client: Any = msgspec.UNSET
     store: Any = msgspec.UNSET
     safety_identifier: Any = msgspec.UNSET
+
+
+# --- client commands ------------------------------------------------------------------------------------------
+
+
+class _Cmd(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    event_id: str | None = None
 
 
 class SessionStart(_Cmd, tag="session.start"):
@@ -167,13 +202,6 @@ ClientCommand = (
     | SessionClose
 )
 TextAppend = InstructionsAppend | ThinkingAppend | CommentaryAppend
-
-#: Append command -> (engine AppendText kind, server acknowledgement type).
-APPEND_KINDS: Final[dict[type, tuple[str, str]]] = {
-    InstructionsAppend: ("instructions", "session.instructions.appended"),
-    ThinkingAppend: ("thinking", "session.thinking.appended"),
-    CommentaryAppend: ("commentary", "session.commentary.appended"),
-}
 
 #: Commands of the Live protocol this server knows but does not serve, with the reason given to the client.
 UNSUPPORTED_COMMANDS: Final[dict[str, str]] = {
@@ -276,9 +304,9 @@ class WireFormat:
     def bytes_per_sample(self) -> int:
         return 2 if self.encoding == "pcm16" else 1
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self) -> AudioFormat:
         names = {"pcm16": "audio/pcm", "pcmu": "audio/pcmu", "pcma": "audio/pcma"}
-        return {"type": names[self.encoding], "rate": self.rate}
+        return AudioFormat(type=names[self.encoding], rate=self.rate)
 
 
 DEFAULT_FORMAT: Final = WireFormat("pcm16", 24_000)
@@ -340,20 +368,20 @@ class ResolvedConfig:
 
     model: str
     instructions: str
-    input: list[dict[str, Any]]
+    input: list[InitialItem]
     history: list[tuple[str, str]]  # (role, text) for the engine
     format: WireFormat | None  # None on WebRTC (negotiated)
-    voice: str | dict[str, Any]
-    delegation: dict[str, Any]
+    voice: str | CustomVoice
+    delegation: Delegation
     store: bool
     store_requested: bool
     safety_identifier: str | None
-    client: dict[str, Any] | None
+    client: ClientConfig | None
 
     @property
     def voice_name(self) -> str:
         v = self.voice
-        return v if isinstance(v, str) else str(v.get("id", ""))
+        return v if isinstance(v, str) else v.id
 
 
 def resolve_config(cfg: StartConfig, *, with_format: bool = True) -> ResolvedConfig:
@@ -373,16 +401,9 @@ def resolve_config(cfg: StartConfig, *, with_format: bool = True) -> ResolvedCon
     items, history = _resolve_input(cfg.input or [])
     audio = cfg.audio or AudioConfig()
     fmt = parse_format(audio.format) if with_format else None
-    voice: str | dict[str, Any] = DEFAULT_VOICE
+    voice: str | CustomVoice = DEFAULT_VOICE
     if audio.output is not None and audio.output.voice is not None:
         voice = audio.output.voice
-        if isinstance(voice, dict) and not isinstance(voice.get("id"), str):
-            raise WireError(
-                "invalid_value", "a custom voice is {id: string}", param="session.audio.output.voice"
-            )
-        if isinstance(voice, dict):
-            voice = {"id": voice["id"]}
-    client = _resolve_client(cfg.client)
     return ResolvedConfig(
         model=cfg.model,
         instructions=instructions,
@@ -396,11 +417,11 @@ def resolve_config(cfg: StartConfig, *, with_format: bool = True) -> ResolvedCon
         store=False,
         store_requested=bool(cfg.store),
         safety_identifier=cfg.safety_identifier,
-        client=client,
+        client=_resolve_client(cfg.client),
     )
 
 
-def resolve_delegation(d: Delegation | None, *, current: dict[str, Any] | None) -> dict[str, Any]:
+def resolve_delegation(d: Delegation | None, *, current: Delegation | None) -> Delegation:
     """A start or update delegation -> the resolved ``{type: "client", acknowledgement_delay_ms}``."""
     kind = "client" if d is None else d.type
     if kind in ("responses", "decisions"):
@@ -415,11 +436,11 @@ def resolve_delegation(d: Delegation | None, *, current: dict[str, Any] | None) 
             f"unknown delegation type {kind!r}; supported: client",
             param="session.delegation.type",
         )
-    if current is not None and current.get("type") != kind:
+    if current is not None and current.type != kind:
         raise WireError(
             "immutable_field", "the delegation type cannot change", param="session.delegation.type"
         )
-    delay = current.get("acknowledgement_delay_ms", 0) if current else 0
+    delay = (current.acknowledgement_delay_ms or 0) if current is not None else 0
     if d is not None and d.acknowledgement_delay_ms is not None:
         if d.acknowledgement_delay_ms < 0:
             raise WireError(
@@ -428,7 +449,7 @@ def resolve_delegation(d: Delegation | None, *, current: dict[str, Any] | None) 
                 param="session.delegation.acknowledgement_delay_ms",
             )
         delay = d.acknowledgement_delay_ms
-    return {"type": "client", "acknowledgement_delay_ms": delay}
+    return Delegation(type="client", acknowledgement_delay_ms=delay)
 
 
 def _unsupported_triggers() -> WireError:
@@ -439,7 +460,7 @@ def _unsupported_triggers() -> WireError:
     )
 
 
-def check_update(cfg: UpdateConfig, current_delegation: dict[str, Any]) -> dict[str, Any] | None:
+def check_update(cfg: UpdateConfig, current_delegation: Delegation) -> Delegation | None:
     """Validate a ``session.update``; returns the new delegation (None: unchanged)."""
     for name in ("model", "instructions", "input", "audio", "client", "store", "safety_identifier"):
         if getattr(cfg, name) is not msgspec.UNSET:
@@ -451,18 +472,18 @@ def check_update(cfg: UpdateConfig, current_delegation: dict[str, Any]) -> dict[
             )
     if isinstance(cfg.triggers, list) and cfg.triggers:
         raise _unsupported_triggers()
-    if cfg.delegation is msgspec.UNSET:
+    if isinstance(cfg.delegation, msgspec.UnsetType):
         return None
     # null is "application delegation", i.e. the same type as now.
     return resolve_delegation(cfg.delegation, current=current_delegation)
 
 
-def _resolve_input(items: list[InitialItem]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+def _resolve_input(items: list[InitialItem]) -> tuple[list[InitialItem], list[tuple[str, str]]]:
     if len(items) > MAX_INPUT_ITEMS:
         raise WireError(
             "too_many_items", f"input holds at most {MAX_INPUT_ITEMS} messages", param="session.input"
         )
-    out: list[dict[str, Any]] = []
+    out: list[InitialItem] = []
     history: list[tuple[str, str]] = []
     total = 0
     for i, it in enumerate(items):
@@ -493,73 +514,65 @@ def _resolve_input(items: list[InitialItem]) -> tuple[list[dict[str, Any]], list
                 param="session.input",
             )
         ptype = part.type or allowed[0]
-        out.append({"type": "message", "role": it.role, "content": [{"type": ptype, "text": part.text}]})
+        out.append(InitialItem(type="message", role=it.role, content=[TextPart(type=ptype, text=part.text)]))
         history.append((it.role, part.text))
     return out, history
 
 
-def _resolve_client(client: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``client.data_channel`` permissions (WebRTC): "all" or a list per direction."""
+def _resolve_client(client: ClientConfig | None) -> ClientConfig | None:
+    """``client.data_channel`` permissions (WebRTC), with selectors reduced to the keys this server reads."""
     if client is None:
         return None
-    dc = client.get("data_channel")
-    if not isinstance(dc, dict):
-        raise WireError(
-            "invalid_value", "client is {data_channel: {...}}", param="session.client.data_channel"
+    dc = client.data_channel
+    se = dc.allowed_server_events
+    if isinstance(se, list):
+        se = [ServerEventSelector(type=x.type, response_event=x.response_event) for x in se]
+    return ClientConfig(
+        data_channel=DataChannelPermissions(
+            allowed_client_events=dc.allowed_client_events, allowed_server_events=se
         )
-    out: dict[str, Any] = {}
-    ce = dc.get("allowed_client_events")
-    if ce is not None:
-        if not (ce == "all" or (isinstance(ce, list) and all(isinstance(x, str) for x in ce))):
-            raise WireError(
-                "invalid_value",
-                'allowed_client_events is "all" or a list of event types',
-                param="session.client.data_channel.allowed_client_events",
-            )
-        out["allowed_client_events"] = ce
-    se = dc.get("allowed_server_events")
-    if se is not None:
-        ok = se == "all" or (
-            isinstance(se, list) and all(isinstance(x, dict) and isinstance(x.get("type"), str) for x in se)
-        )
-        if not ok:
-            raise WireError(
-                "invalid_value",
-                'allowed_server_events is "all" or a list of {type} selectors',
-                param="session.client.data_channel.allowed_server_events",
-            )
-        out["allowed_server_events"] = (
-            se
-            if se == "all"
-            else [{k: v for k, v in x.items() if k in ("type", "response_event")} for x in se]
-        )
-    return {"data_channel": out}
+    )
 
 
-def session_resource(
-    cfg: ResolvedConfig, *, session_id: str, expires_at: int, triggers: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
+class SessionResource(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The resolved configuration plus id, expiry and status: the ``session`` of started/updated/closed.
+
+    ``instructions`` and ``input`` are echo-only; an event too large to send drops them (None is left out)."""
+
+    id: str
+    expires_at: int
+    model: str
+    #: Always "active", even in session.closed (the SDK's model requires it).
+    status: Literal["active"]
+    instructions: str | None = None
+    input: list[InitialItem] | None = None
+    audio: AudioConfig
+    delegation: Delegation
+    store: bool
+    triggers: list[dict[str, Any]]
+    safety_identifier: str | None = None
+    client: ClientConfig | None = None
+
+
+def session_resource(cfg: ResolvedConfig, *, session_id: str, expires_at: int) -> SessionResource:
     """The SessionResource of ``session.started``/``updated``/``closed``: the resolved config plus id etc."""
-    audio: dict[str, Any] = {"output": {"voice": cfg.voice}}
-    if cfg.format is not None:
-        audio["format"] = cfg.format.wire()
-    res: dict[str, Any] = {
-        "id": session_id,
-        "expires_at": expires_at,
-        "model": cfg.model,
-        "status": "active",
-        "instructions": cfg.instructions,
-        "input": cfg.input,
-        "audio": audio,
-        "delegation": cfg.delegation,
-        "store": cfg.store,
-        "triggers": triggers or [],
-    }
-    if cfg.safety_identifier is not None:
-        res["safety_identifier"] = cfg.safety_identifier
-    if cfg.client is not None:
-        res["client"] = cfg.client
-    return res
+    return SessionResource(
+        id=session_id,
+        expires_at=expires_at,
+        model=cfg.model,
+        status="active",
+        instructions=cfg.instructions,
+        input=cfg.input,
+        audio=AudioConfig(
+            format=cfg.format.wire() if cfg.format is not None else None,
+            output=AudioOutput(voice=cfg.voice),
+        ),
+        delegation=cfg.delegation,
+        store=cfg.store,
+        triggers=[],
+        safety_identifier=cfg.safety_identifier,
+        client=cfg.client,
+    )
 
 
 # --- server events --------------------------------------------------------------------------------------------
@@ -567,18 +580,163 @@ def session_resource(
 # A per-process random prefix plus a counter: unique across sessions and restarts, and cheap.
 _id_prefix: Final = "evt_" + secrets.token_hex(4)
 _id_counter = itertools.count(1)
-_encoder: Final = msgspec.json.Encoder()
 
 
 def new_event_id() -> str:
     return f"{_id_prefix}{next(_id_counter):x}"
 
 
-def event(type: str, client_event_id: str | None = None, /, **fields: Any) -> dict[str, Any]:
-    ev: dict[str, Any] = {"type": type, "event_id": new_event_id(), **fields}
-    if client_event_id is not None:
-        ev["client_event_id"] = client_event_id
-    return ev
+class _Event(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    """A server event: a fresh ``event_id`` unless given, and the ``event_id`` of the command that caused it."""
+
+    event_id: str = msgspec.field(default_factory=new_event_id)
+    client_event_id: str | None = None
+
+
+class SessionStarted(_Event, tag="session.started"):
+    session: SessionResource
+
+
+class SessionUpdated(_Event, tag="session.updated"):
+    session: SessionResource
+
+
+class InputAudioMuted(_Event, tag="session.input_audio.muted"):
+    pass
+
+
+class InputAudioUnmuted(_Event, tag="session.input_audio.unmuted"):
+    pass
+
+
+class FixturePlaying(_Event, tag="session.output_audio.fixture.playing"):
+    pass
+
+
+class FixturePlayed(_Event, tag="session.output_audio.fixture.played"):
+    pass
+
+
+class _Appended(_Event):
+    """Where an appended context landed on the session timeline (``end_ms >= start_ms``)."""
+
+    start_ms: int
+    end_ms: int
+
+
+class InstructionsAppended(_Appended, tag="session.instructions.appended"):
+    pass
+
+
+class ThinkingAppended(_Appended, tag="session.thinking.appended"):
+    pass
+
+
+class CommentaryAppended(_Appended, tag="session.commentary.appended"):
+    pass
+
+
+class OutputAudioDelta(
+    msgspec.Struct, tag_field="type", tag="session.output_audio.delta", omit_defaults=True
+):
+    """Output audio in the session format. ``delta`` holds the raw bytes; on the wire it is base64. No
+    ``event_id`` and (on the primary WebSocket) no timestamps: the SDK's model has neither."""
+
+    delta: bytes
+    start_ms: int | None = None
+    end_ms: int | None = None
+
+
+class _TranscriptDelta(_Event):
+    delta: str
+    start_ms: int
+    end_ms: int
+
+
+class InputTranscriptDelta(_TranscriptDelta, tag="session.input_transcript.delta"):
+    """A fragment of the caller's speech. No turn boundaries and no "done" event."""
+
+
+class OutputTranscriptDelta(_TranscriptDelta, tag="session.output_transcript.delta"):
+    """A fragment of the model's speech, released with the audio it describes."""
+
+
+class SessionUsage(msgspec.Struct, kw_only=True):
+    #: Cumulative billable audio seconds of the session (never summed across events).
+    seconds: float
+
+
+class ContextWindow(msgspec.Struct, kw_only=True):
+    usage_ratio: float
+
+
+class UsageUpdated(_Event, tag="session.usage.updated"):
+    usage: SessionUsage
+    context_window: ContextWindow | None = None
+
+
+CloseReason = Literal["close_requested", "expired", "content", "remote_hangup", "connection_lost"]
+
+
+class SessionClosed(_Event, tag="session.closed"):
+    """Terminal: nothing follows it, and the socket closes."""
+
+    reason: CloseReason
+    session: SessionResource
+    usage: SessionUsage
+
+
+class ErrorDetail(msgspec.Struct, kw_only=True, omit_defaults=True):
+    type: str
+    code: str
+    message: str
+    param: str | None = None
+    client_event_id: str | None = None
+
+
+class Error(_Event, tag="error"):
+    error: ErrorDetail
+
+
+class Info(_Event, tag="info"):
+    code: str
+    message: str
+
+
+ServerEvent = (
+    SessionStarted
+    | SessionUpdated
+    | InputAudioMuted
+    | InputAudioUnmuted
+    | FixturePlaying
+    | FixturePlayed
+    | InstructionsAppended
+    | ThinkingAppended
+    | CommentaryAppended
+    | OutputAudioDelta
+    | InputTranscriptDelta
+    | OutputTranscriptDelta
+    | UsageUpdated
+    | SessionClosed
+    | Error
+    | Info
+)
+AppendedEvent = InstructionsAppended | ThinkingAppended | CommentaryAppended
+
+#: Append command -> (engine AppendText kind, the server event that acknowledges it).
+AppendKind = Literal["instructions", "thinking", "commentary"]
+APPEND_KINDS: Final[dict[type[TextAppend], tuple[AppendKind, type[AppendedEvent]]]] = {
+    InstructionsAppend: ("instructions", InstructionsAppended),
+    ThinkingAppend: ("thinking", ThinkingAppended),
+    CommentaryAppend: ("commentary", CommentaryAppended),
+}
+
+
+def event_type(ev: ServerEvent | ClientCommand) -> str:
+    """The ``type`` tag of an event or command."""
+    tag = ev.__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
 
 
 def error_event(
@@ -588,44 +746,48 @@ def error_event(
     type: str = INVALID_REQUEST,
     param: str | None = None,
     client_event_id: str | None = None,
-) -> dict[str, Any]:
-    err: dict[str, Any] = {"type": type, "code": code, "message": message}
-    if param is not None:
-        err["param"] = param
-    if client_event_id is not None:
-        err["client_event_id"] = client_event_id
-    return event("error", client_event_id, error=err)
+) -> Error:
+    return Error(
+        client_event_id=client_event_id,
+        error=ErrorDetail(
+            type=type, code=code, message=message, param=param, client_event_id=client_event_id
+        ),
+    )
 
 
-def error_from(e: WireError, client_event_id: str | None = None) -> dict[str, Any]:
+def error_from(e: WireError, client_event_id: str | None = None) -> Error:
     return error_event(
         e.code, e.message, type=e.type, param=e.param, client_event_id=e.client_event_id or client_event_id
     )
 
 
-def info_event(code: str, message: str) -> dict[str, Any]:
-    return event("info", None, code=code, message=message)
+def usage(seconds: float) -> SessionUsage:
+    return SessionUsage(seconds=float(seconds))
 
 
-def usage(seconds: float) -> dict[str, Any]:
-    return {"seconds": float(seconds)}
+_encoder: Final = msgspec.json.Encoder()
+_server_event_decoder: Final = msgspec.json.Decoder(ServerEvent)
 
 
-def transcript_delta(
-    kind: Literal["input", "output"], text: str, start_ms: int, end_ms: int
-) -> dict[str, Any]:
-    return event(
-        f"session.{kind}_transcript.delta", None, delta=text, start_ms=start_ms, end_ms=max(start_ms, end_ms)
-    )
-
-
-def encode(ev: dict[str, Any]) -> bytes:
+def encode(ev: ServerEvent | ClientCommand) -> bytes:
+    """One event or command as the JSON text of its frame."""
     return _encoder.encode(ev)
 
 
-_AUDIO_HEAD: Final = b'{"type":"session.output_audio.delta","delta":"'
+class UnknownServerEvent(Exception):
+    """A frame that is a JSON object but not a server event of this protocol (a newer server's event, say)."""
 
 
-def audio_delta_bytes(raw: bytes) -> bytes:
-    """The encoded ``session.output_audio.delta`` for ``raw`` audio (no event_id: the SDK model has none)."""
-    return _AUDIO_HEAD + base64.b64encode(raw) + b'"}'
+def decode_server_event(raw: str | bytes) -> ServerEvent:
+    """One text frame from the server -> its event.
+
+    Raises :class:`UnknownServerEvent` for a JSON object this module does not know or that does not match its
+    event's fields (a client may skip it), and ``msgspec.DecodeError`` for a frame that is not a JSON object at
+    all (a broken server)."""
+    try:
+        return _server_event_decoder.decode(raw)
+    except msgspec.ValidationError as e:
+        failure = e
+    if not isinstance(msgspec.json.decode(raw), dict):
+        raise msgspec.DecodeError("the frame is JSON but not an object")
+    raise UnknownServerEvent(str(failure))

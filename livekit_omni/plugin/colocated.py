@@ -6,6 +6,9 @@ the session's shared-memory ingress ring with :class:`media.ingress.IngressWrite
 tick, digital zeros between utterances, stale-epoch audio dropped within a frame of a barge-in, the playout
 position reported back to the engine, and the model's words released with the frame that plays them.
 
+The writer, the player, the engine event pump and the keep-alive belong to the session's
+:class:`media.bridge.SessionBridge`, as for the Live facade's sessions (one keep-alive rule: see there).
+
 Control plane: the engine's local channel (:class:`engine_bridge.client.EngineClient`), shared by the model's
 sessions on one event loop. Engine events become LiveKit duplex events here.
 """
@@ -35,6 +38,7 @@ from livekit_omni.plugin.session import (
     OmniSession,
     frame_to_mono_pcm16,
 )
+from media.bridge import SessionBridge
 from media.egress import EgressPlayer
 from media.ingress import IngressWriter
 from media.pacer import Pacer
@@ -45,9 +49,6 @@ if TYPE_CHECKING:
 #: Control commands (appends, mute, interrupt) waiting for the engine. Each takes a round trip of well under a
 #: millisecond on a local socket; 64 waiting means the engine is gone or stuck, and the caller gets an error.
 COMMAND_QUEUE_LIMIT: Final = 64
-#: The engine reaps a session nobody touches; caller audio touches it, but a muted or silent track may stop
-#: sending, so the session is touched this often as well.
-KEEPALIVE_S: Final = 15.0
 #: Output rate of the frames handed to LiveKit: the engine's own, so nothing is resampled on the way out.
 OUTPUT_RATE: Final = ENGINE_OUTPUT_RATE
 
@@ -60,6 +61,7 @@ class ColocatedSession(OmniSession):
     def __init__(self, model: OmniDuplexModel) -> None:
         super().__init__(model)
         self._es: EngineSession | None = None
+        self._bridge: SessionBridge | None = None
         self._writer: IngressWriter | None = None
         self._player: EgressPlayer | None = None
         #: Set once the open attempt is over (succeeded, failed, or abandoned by aclose).
@@ -92,7 +94,7 @@ class ColocatedSession(OmniSession):
         """Stop the model's speech now (the engine bumps the epoch; queued audio is dropped within a frame)."""
         self._enqueue(lambda es: es.interrupt())
 
-    async def engine_stats(self) -> dict[str, Any]:
+    async def engine_stats(self) -> p.SessionStats:
         """The engine's own view of the session: its conversation log, turns, barge-ins, playout."""
         if self._es is None or self._es.closed:
             raise llm.RealtimeError("the engine session is not open")
@@ -114,14 +116,12 @@ class ColocatedSession(OmniSession):
             self._stop_timer.cancel()
             self._stop_timer = None
         await utils.aio.cancel_and_wait(self._main)
-        if self._es is not None:
-            # Closes the engine session and releases (unlinks) the rings; the player and writer check
-            # ``closed`` before every ring access, so nothing touches the unmapped rings afterwards.
+        if self._bridge is not None:
+            # Stops the media (nothing touches the rings afterwards), then closes the engine session and releases
+            # (unlinks) the rings.
+            await self._bridge.close("client")
+        elif self._es is not None:
             await self._es.close("client")
-        if self._player is not None:
-            self._player.close()
-        if self._writer is not None:
-            self._writer.close()
         self._open_done.set()
         # Normally the adapter's segmenter owns the stream and is cancelled before this; a stream still
         # suspended elsewhere ends at its next tick (it checks _stream_closed).
@@ -199,18 +199,19 @@ class ColocatedSession(OmniSession):
             self._open_done.set()
             return
         self._es = es
-        self._writer = IngressWriter(es)
-        self._player = EgressPlayer(es, rate=OUTPUT_RATE)
+        self._bridge = bridge = SessionBridge(es, self._on_engine_event)
+        self._writer = bridge.writer
+        self._player = bridge.open_output(rate=OUTPUT_RATE)
         self._report_connection_acquired(time.perf_counter() - t0)
         logger.info("livekit-omni session %s opened on %s", es.id, self._opts.engine_address)
         self._open_done.set()
         helpers = [
             asyncio.create_task(self._pump_input(self._writer), name="omni.colocated.input"),
             asyncio.create_task(self._pump_commands(es), name="omni.colocated.commands"),
-            asyncio.create_task(self._keepalive(es), name="omni.colocated.keepalive"),
         ]
+        bridge.start()
         try:
-            await self._pump_events(es)
+            await bridge.wait()  # until the engine session's events end
         finally:
             await utils.aio.cancel_and_wait(*helpers)
 
@@ -229,22 +230,6 @@ class ColocatedSession(OmniSession):
             except (ControlError, TimeoutError) as e:
                 if not es.closed:
                     self._emit_error(llm.RealtimeError(f"engine command failed: {e}"), recoverable=True)
-
-    async def _keepalive(self, es: EngineSession) -> None:
-        while not es.closed:
-            await asyncio.sleep(KEEPALIVE_S)
-            with contextlib.suppress(ControlError, TimeoutError):
-                await es.touch()
-
-    async def _pump_events(self, es: EngineSession) -> None:
-        while True:
-            ev = await es.events.get()
-            try:
-                self._on_engine_event(ev)
-            except Exception:
-                logger.exception("livekit-omni: handling engine event %s failed", type(ev).__name__)
-            if isinstance(ev, p.SessionClosed):
-                return
 
     def _on_engine_event(self, ev: p.SessionEvent) -> None:
         match ev:
@@ -277,9 +262,6 @@ class ColocatedSession(OmniSession):
                 # must not outlive the turn.
                 self._release_stop()
                 self._reply_turn = ev.turn_id
-            case p.OutputTranscript():
-                if self._player is not None:
-                    self._player.add_transcript(ev)
             case p.ReplyDone():
                 if self._reply_turn == ev.turn_id:
                     self._reply_turn = None

@@ -167,4 +167,4 @@ class EngineOccupancy:
             self._client = await EngineClient.connect(
                 self.engine_address, timeout=self.timeout_s, client_name="livekit-omni occupancy"
             )
-        return await self._client.ping(timeout=self.timeout_s)
+        return (await self._client.ping(timeout=self.timeout_s)).flat()

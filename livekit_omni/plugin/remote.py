@@ -21,21 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import collections
 import contextlib
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 from urllib.parse import urlparse, urlunparse
 
 import aiohttp
+import msgspec
 import numpy as np
 from livekit import rtc
 from livekit.agents import llm, utils
 
+from livekit_omni.live import wire
 from livekit_omni.plugin.log import logger
 from livekit_omni.plugin.session import (
     AppendKind,
@@ -71,7 +71,8 @@ FATAL_ERROR_CODES: Final = frozenset(
         "forbidden",
     }
 )
-_CLOSING_EVENTS: Final = frozenset({"session.usage.updated", "session.closed"})
+#: While closing, only these server events still matter (GPT-Live does the same).
+_CLOSING_EVENTS: Final = (wire.UsageUpdated, wire.SessionClosed)
 
 
 class _Retryable(Exception):
@@ -110,6 +111,11 @@ def health_url(base_url: str) -> str:
     return urlunparse((scheme, parsed.netloc, "/health", "", "", ""))
 
 
+def _mute_command(muted: bool) -> wire.InputAudioMute | wire.InputAudioUnmute:
+    event_id = utils.shortuuid("mute_")
+    return wire.InputAudioMute(event_id=event_id) if muted else wire.InputAudioUnmute(event_id=event_id)
+
+
 class RemoteSession(OmniSession):
     """One Live session on a remote ``livekit-omni serve``; see the module docstring."""
 
@@ -118,7 +124,7 @@ class RemoteSession(OmniSession):
         assert self._opts.base_url is not None
         self._url = live_sessions_url(self._opts.base_url)
         self._out: DropOldestQueue[llm.DuplexAudioFrame] = DropOldestQueue(self._opts.output_queue_frames)
-        self._control: collections.deque[dict[str, Any]] = collections.deque()
+        self._control: collections.deque[wire.ClientCommand] = collections.deque()
         self._wake = asyncio.Event()
         self._http: aiohttp.ClientSession | None = None
         # Per connection.
@@ -185,14 +191,15 @@ class RemoteSession(OmniSession):
 
     # --- subclass verbs -------------------------------------------------------------------------------------------
     def _send_append(self, kind: AppendKind, text: str) -> None:
-        self._queue_command(
-            {
-                "type": f"session.{kind}.append",
-                "event_id": utils.shortuuid("append_"),
-                "content": text,
-                "delegation_id": None,
-            }
-        )
+        event_id = utils.shortuuid("append_")
+        command: wire.TextAppend
+        if kind == "instructions":
+            command = wire.InstructionsAppend(event_id=event_id, content=text, delegation_id=None)
+        elif kind == "thinking":
+            command = wire.ThinkingAppend(event_id=event_id, content=text, delegation_id=None)
+        else:
+            command = wire.CommentaryAppend(event_id=event_id, content=text, delegation_id=None)
+        self._queue_command(command)
 
     def _request_reply(self, instructions: str | None) -> None:
         # The Live protocol has no reply verb: commentary is "say this now, in your own words". A bare ask is the
@@ -200,10 +207,9 @@ class RemoteSession(OmniSession):
         self._send_append("commentary", instructions or "")
 
     def _send_mute(self, muted: bool) -> None:
-        event = "session.input_audio.mute" if muted else "session.input_audio.unmute"
-        self._queue_command({"type": event, "event_id": utils.shortuuid("mute_")})
+        self._queue_command(_mute_command(muted))
 
-    def _queue_command(self, event: dict[str, Any]) -> None:
+    def _queue_command(self, event: wire.ClientCommand) -> None:
         if self._closing or self._failed:
             raise llm.RealtimeError("the livekit-omni session is closed")
         if len(self._control) >= CONTROL_QUEUE_LIMIT:
@@ -319,11 +325,11 @@ class RemoteSession(OmniSession):
                 raise _Retryable(f"the server ended the session ({self._closed_reason or 'no reason'})")
             raise _Retryable("the connection closed unexpectedly")
 
-    async def _send(self, ws: aiohttp.ClientWebSocketResponse, event: dict[str, Any]) -> None:
-        if event.get("type") != "session.input_audio.append":
+    async def _send(self, ws: aiohttp.ClientWebSocketResponse, event: wire.ClientCommand) -> None:
+        if not isinstance(event, wire.InputAudioAppend):
             self.emit("omni_client_event", event)
         try:
-            await ws.send_str(json.dumps(event))
+            await ws.send_str(wire.encode(event).decode())
         except (aiohttp.ClientError, ConnectionError, OSError) as e:
             raise _Retryable(f"send failed: {e}") from None
 
@@ -337,26 +343,21 @@ class RemoteSession(OmniSession):
             await utils.aio.cancel_and_wait(started, closing)
         if self._session_started.is_set() and self._input_muted:
             # A new session starts unmuted; the mute the app asked for is re-applied before it hears anything.
-            await self._send(ws, {"type": "session.input_audio.mute", "event_id": utils.shortuuid("mute_")})
+            await self._send(ws, _mute_command(True))
         while not self._closing:
             while self._control:
                 await self._send(ws, self._control.popleft())
             while (frame := self._input.get_nowait()) is not None:
                 for chunk in self._to_chunks(frame):
-                    await self._send(
-                        ws,
-                        {
-                            "type": "session.input_audio.append",
-                            "audio": base64.b64encode(chunk.tobytes()).decode("ascii"),
-                        },
-                    )
+                    audio = base64.b64encode(chunk.tobytes()).decode("ascii")
+                    await self._send(ws, wire.InputAudioAppend(audio=audio))
             self._wake.clear()
             if not self._control and not len(self._input):
                 await self._wake.wait()
         # Closing: ask the server to finalize, wait (bounded) for session.closed, then close.
         if self._session_started.is_set():
             with contextlib.suppress(_Retryable):
-                await self._send(ws, {"type": "session.close"})
+                await self._send(ws, wire.SessionClose())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._session_closed.wait(), CLOSE_TIMEOUT_S)
         await ws.close()
@@ -389,13 +390,15 @@ class RemoteSession(OmniSession):
             async for msg in ws:
                 if msg.type == aiohttp.WSMsgType.TEXT:
                     try:
-                        event = json.loads(msg.data)
-                    except json.JSONDecodeError:
-                        raise _Fatal("the server sent a text frame that is not JSON") from None
-                    if not isinstance(event, dict):
-                        raise _Fatal("the server sent JSON that is not an object")
+                        event = wire.decode_server_event(msg.data)
+                    except msgspec.DecodeError:
+                        raise _Fatal("the server sent a text frame that is not a JSON object") from None
+                    except wire.UnknownServerEvent as e:
+                        # An event this client does not know (or a malformed one): skipped, as GPT-Live does.
+                        logger.debug("livekit-omni: skipping a server event: %s", e)
+                        continue
                     self.emit("omni_server_event", event)
-                    if self._closing and event.get("type") not in _CLOSING_EVENTS:
+                    if self._closing and not isinstance(event, _CLOSING_EVENTS):
                         continue  # the framework has torn down; only the shutdown events matter
                     self._handle_event(event)
                 elif msg.type == aiohttp.WSMsgType.ERROR:
@@ -404,54 +407,47 @@ class RemoteSession(OmniSession):
             raise _Retryable(f"receive failed: {e}") from None
 
     # --- server events ------------------------------------------------------------------------------------------
-    def _handle_event(self, event: dict[str, Any]) -> None:
-        etype = event.get("type", "")
-        if etype == "session.output_audio.delta":
-            self._on_audio_delta(event)
-        elif etype == "session.output_transcript.delta":
-            self._on_transcript("assistant", event)
-        elif etype == "session.input_transcript.delta":
-            self._on_transcript("user", event)
-        elif etype == "session.started":
-            session = event.get("session") or {}
-            self._session_id = session.get("id") or self._session_id
-            self._retries = 0
-            self._session_started.set()
-        elif etype == "session.usage.updated":
-            self._on_usage(event.get("usage") or {})
-        elif etype == "session.closed":
-            self._on_usage(event.get("usage") or {})
-            self._closed_reason = str(event.get("reason") or "")
-            self._session_closed.set()
-        elif etype == "error":
-            self._on_error(event.get("error") or {})
-        else:
-            logger.debug("livekit-omni server event %s", etype)
+    def _handle_event(self, event: wire.ServerEvent) -> None:
+        match event:
+            case wire.OutputAudioDelta():
+                self._on_audio_delta(event.delta)
+            case wire.OutputTranscriptDelta():
+                self._on_transcript("assistant", event)
+            case wire.InputTranscriptDelta():
+                self._on_transcript("user", event)
+            case wire.SessionStarted():
+                self._session_id = event.session.id or self._session_id
+                self._retries = 0
+                self._session_started.set()
+            case wire.UsageUpdated():
+                self._on_usage(event.usage)
+            case wire.SessionClosed():
+                self._on_usage(event.usage)
+                self._closed_reason = event.reason
+                self._session_closed.set()
+            case wire.Error():
+                self._on_error(event.error)
+            case _:
+                logger.debug("livekit-omni server event %s", wire.event_type(event))
 
-    def _on_audio_delta(self, event: dict[str, Any]) -> None:
-        try:
-            data = base64.b64decode(event.get("delta") or "", validate=True)
-        except (binascii.Error, ValueError):
-            logger.warning("livekit-omni: dropping an output delta that is not base64")
-            return
+    def _on_audio_delta(self, data: bytes) -> None:
+        # Decoded from base64 with the event; odd-length chunks are not whole samples (GPT-Live drops them too).
         if not data or len(data) % 2:
             return
         frame = rtc.AudioFrame(data, SAMPLE_RATE, 1, len(data) // 2)
         self._out.put(llm.DuplexAudioFrame(frame=frame))
 
-    def _on_transcript(self, role: Literal["user", "assistant"], event: dict[str, Any]) -> None:
-        delta = event.get("delta")
-        if not isinstance(delta, str) or not delta:
+    def _on_transcript(
+        self,
+        role: Literal["user", "assistant"],
+        event: wire.InputTranscriptDelta | wire.OutputTranscriptDelta,
+    ) -> None:
+        delta, start_ms, end_ms = event.delta, event.start_ms, event.end_ms
+        if not delta:
             return
-        start_ms, end_ms = event.get("start_ms"), event.get("end_ms")
         speech = self._speech.get(role)
         # A pause on the server's clock ends the message even when its fragments arrived together.
-        if (
-            speech is not None
-            and speech.end_ms is not None
-            and isinstance(start_ms, int)
-            and start_ms - speech.end_ms > TURN_END_MS
-        ):
+        if speech is not None and speech.end_ms is not None and start_ms - speech.end_ms > TURN_END_MS:
             self._end_speech(role)
             speech = None
         if speech is None:
@@ -460,8 +456,7 @@ class RemoteSession(OmniSession):
                 self.emit("input_speech_started", llm.InputSpeechStartedEvent())
         speech.text += delta
         speech.quiet_ms = 0
-        if isinstance(end_ms, int):
-            speech.end_ms = max(speech.end_ms or 0, end_ms)
+        speech.end_ms = max(speech.end_ms or 0, end_ms)
         if role == "user":
             self.emit(
                 "input_audio_transcription_completed",
@@ -475,11 +470,7 @@ class RemoteSession(OmniSession):
         else:
             self.emit(
                 "transcript_delta",
-                llm.DuplexOutputTranscriptDelta(
-                    text=delta,
-                    start_ms=start_ms if isinstance(start_ms, int) else None,
-                    end_ms=end_ms if isinstance(end_ms, int) else None,
-                ),
+                llm.DuplexOutputTranscriptDelta(text=delta, start_ms=start_ms, end_ms=end_ms),
             )
 
     def _end_speech(self, role: Literal["user", "assistant"]) -> None:
@@ -503,45 +494,44 @@ class RemoteSession(OmniSession):
         )
         self.emit("input_speech_stopped", llm.InputSpeechStoppedEvent(user_transcription_enabled=False))
 
-    def _on_usage(self, usage: dict[str, Any]) -> None:
-        seconds = usage.get("seconds")
-        if not isinstance(seconds, int | float):
-            return
+    def _on_usage(self, usage: wire.SessionUsage) -> None:
         # Reported cumulatively per session; only the delta goes to LiveKit's collector.
-        previous, self._usage_total = self._usage_total, float(seconds)
+        previous, self._usage_total = self._usage_total, usage.seconds
         self._emit_usage(max(0.0, self._usage_total - previous), self._session_id or "")
 
-    def _on_error(self, error: dict[str, Any]) -> None:
-        code, etype = error.get("code"), error.get("type")
-        message = f"server error {code or etype}: {error.get('message', '')}"
+    def _on_error(self, error: wire.ErrorDetail) -> None:
+        code, etype = error.code, error.type
+        message = f"server error {code or etype}: {error.message}"
         if code in FATAL_ERROR_CODES or etype in FATAL_ERROR_CODES:
             raise _Fatal(message)
-        self._emit_error(
-            llm.RealtimeError(message, code=code if isinstance(code, str) else None), recoverable=True
-        )
+        self._emit_error(llm.RealtimeError(message, code=code), recoverable=True)
 
     # --- output -----------------------------------------------------------------------------------------------
-    def _session_start_event(self) -> dict[str, Any]:
+    def _session_start_event(self) -> wire.SessionStart:
         """The whole configuration, rebuilt for each connection: a reconnect carries the conversation so far."""
-        items: list[dict[str, Any]] = []
-        for turn in list(self._history)[-MAX_INPUT_ITEMS:]:
-            part = "output_text" if turn.role == "assistant" else "input_text"
-            items.append(
-                {"type": "message", "role": turn.role, "content": [{"type": part, "text": turn.text}]}
+        items = [
+            wire.InitialItem(
+                type="message",
+                role=turn.role,
+                content=[
+                    wire.TextPart(
+                        type="output_text" if turn.role == "assistant" else "input_text", text=turn.text
+                    )
+                ],
             )
-        audio: dict[str, Any] = {"format": {"type": "audio/pcm", "rate": SAMPLE_RATE}}
-        if self._opts.voice:
-            audio["output"] = {"voice": self._opts.voice}
-        session: dict[str, Any] = {
-            "model": self._opts.model,
-            "audio": audio,
-            "delegation": {"type": "client"},
-        }
-        if self._instructions:
-            session["instructions"] = self._instructions
-        if items:
-            session["input"] = items
-        return {"type": "session.start", "event_id": utils.shortuuid("session_start_"), "session": session}
+            for turn in list(self._history)[-MAX_INPUT_ITEMS:]
+        ]
+        session = wire.StartConfig(
+            model=self._opts.model,
+            instructions=self._instructions or None,
+            input=items or None,
+            audio=wire.AudioConfig(
+                format=wire.AudioFormat(type="audio/pcm", rate=SAMPLE_RATE),
+                output=wire.AudioOutput(voice=self._opts.voice) if self._opts.voice else None,
+            ),
+            delegation=wire.Delegation(type="client"),
+        )
+        return wire.SessionStart(event_id=utils.shortuuid("session_start_"), session=session)
 
     async def _frames(self) -> AsyncIterator[llm.DuplexAudioFrame]:
         async for frame in self._out:

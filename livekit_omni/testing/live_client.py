@@ -1,8 +1,11 @@
-"""A small asyncio client for the Live WebSocket, for tests, benchmarks and manual checks (not the product API).
+"""A small asyncio client of the Live WebSocket, for tests, benchmarks and manual checks (not the product API).
 
-It keeps the received output audio apart from the other events: audio deltas are recognised by the server's
-fixed prefix and decoded (or, with ``decode_audio=False``, only counted, which is what a load generator wants);
-every other event is parsed and queued for :meth:`LiveClient.next_event`.
+Every frame the server sends is decoded with the protocol's own types (:func:`livekit_omni.live.wire.
+decode_server_event`), so an event the types do not accept (an unknown ``type``, a missing or mistyped field)
+is a protocol violation: it is recorded in :attr:`LiveClient.violations` and the next :meth:`LiveClient.next_event`
+raises :class:`ProtocolViolation`. Output audio is kept apart from the other events: its bytes accumulate in
+:attr:`LiveClient.audio` (or, with ``keep_audio=False``, are only counted, which is what a load generator wants);
+every other event is queued for :meth:`LiveClient.next_event`.
 """
 
 from __future__ import annotations
@@ -12,31 +15,41 @@ import base64
 import contextlib
 import json
 import time
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
+import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-_AUDIO_PREFIX: Final = '{"type":"session.output_audio.delta","delta":"'
+from livekit_omni.live import wire
+
 #: Non-audio events kept for the reader; a test that never reads them cannot grow this without bound.
 EVENT_QUEUE_LIMIT: Final = 10_000
 
+E = TypeVar("E", bound=wire.ServerEvent)
+
+
+class ProtocolViolation(AssertionError):
+    """The server sent a frame that is not a valid event of the Live protocol."""
+
 
 class LiveClient:
-    def __init__(self, ws: ClientConnection, *, decode_audio: bool = True) -> None:
+    def __init__(self, ws: ClientConnection, *, keep_audio: bool = True) -> None:
         self.ws = ws
-        self.decode_audio = decode_audio
+        self.keep_audio = keep_audio
         #: Output audio as received (session format), and (arrival time, bytes) per delta.
         self.audio = bytearray()
         self.audio_bytes = 0
         self.deltas: list[tuple[float, int]] = []
         #: Every non-audio event in arrival order.
-        self.events: list[dict[str, Any]] = []
+        self.events: list[wire.ServerEvent] = []
+        #: Frames that did not decode as server events (what was wrong, and the start of the frame).
+        self.violations: list[str] = []
         self.dropped_events = 0
         self.close_code: int | None = None
         self.close_reason = ""
         self.closed = asyncio.Event()
-        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(EVENT_QUEUE_LIMIT)
+        self._queue: asyncio.Queue[wire.ServerEvent] = asyncio.Queue(EVENT_QUEUE_LIMIT)
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
@@ -46,27 +59,29 @@ class LiveClient:
         *,
         api_key: str | None = "sk-test",
         path: str = "/v1/live/sessions",
-        decode_audio: bool = True,
+        keep_audio: bool = True,
         max_size: int | None = 16 * 1024 * 1024,
     ) -> LiveClient:
         url = base_url.replace("http://", "ws://").replace("https://", "wss://") + path
         headers = {"Authorization": f"Bearer {api_key}"} if api_key is not None else {}
         ws = await connect(url, additional_headers=headers, max_size=max_size, compression=None)
-        return cls(ws, decode_audio=decode_audio)
+        return cls(ws, keep_audio=keep_audio)
 
     async def _read(self) -> None:
         try:
             async for msg in self.ws:
-                text = msg if isinstance(msg, str) else msg.decode()
-                if text.startswith(_AUDIO_PREFIX):
-                    b64 = text[len(_AUDIO_PREFIX) : text.index('"', len(_AUDIO_PREFIX))]
-                    n = len(b64) * 3 // 4 - b64.count("=")
+                try:
+                    ev = wire.decode_server_event(msg)
+                except (wire.UnknownServerEvent, msgspec.DecodeError) as e:
+                    self.violations.append(f"{e}: {str(msg)[:200]}")
+                    continue
+                if isinstance(ev, wire.OutputAudioDelta):
+                    n = len(ev.delta)
                     self.audio_bytes += n
                     self.deltas.append((time.monotonic(), n))
-                    if self.decode_audio:
-                        self.audio += base64.b64decode(b64)
+                    if self.keep_audio:
+                        self.audio += ev.delta
                     continue
-                ev = json.loads(text)
                 self.events.append(ev)
                 try:
                     self._queue.put_nowait(ev)
@@ -79,24 +94,29 @@ class LiveClient:
             self.close_reason = self.ws.close_reason or ""
             self.closed.set()
 
-    async def send(self, event: dict[str, Any]) -> None:
-        await self.ws.send(json.dumps(event))
+    async def send(self, command: wire.ClientCommand | dict[str, Any]) -> None:
+        """Send a command; a dict is sent as given (tests use it for malformed commands)."""
+        data = json.dumps(command) if isinstance(command, dict) else wire.encode(command).decode()
+        await self.ws.send(data)
 
     async def send_raw(self, text: str) -> None:
         await self.ws.send(text)
 
-    async def next_event(
-        self, types: str | tuple[str, ...] | None = None, timeout: float = 10.0
-    ) -> dict[str, Any]:
-        """The next queued event (of ``types``, skipping others). Raises TimeoutError, or EOFError once closed."""
-        want = (types,) if isinstance(types, str) else types
+    def _check(self) -> None:
+        if self.violations:
+            raise ProtocolViolation(f"{len(self.violations)} invalid frames, e.g. {self.violations[0]}")
+
+    async def next_event(self, types: type[E] | tuple[type[E], ...], timeout: float = 10.0) -> E:
+        """The next queued event of ``types``, skipping others. Raises TimeoutError, EOFError once closed, or
+        :class:`ProtocolViolation` once the server has sent an invalid frame."""
         deadline = time.monotonic() + timeout
         while True:
+            self._check()
             if self._queue.empty() and self.closed.is_set():
-                raise EOFError(f"connection closed ({self.close_code}) while waiting for {want}")
+                raise EOFError(f"connection closed ({self.close_code}) while waiting for {types}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"no {want} within {timeout} s")
+                raise TimeoutError(f"no {types} within {timeout} s")
             get = asyncio.ensure_future(self._queue.get())
             closed = asyncio.ensure_future(self.closed.wait())
             done, _ = await asyncio.wait(
@@ -109,22 +129,28 @@ class LiveClient:
                     await get
                 continue
             ev = get.result()
-            if want is None or ev.get("type") in want:
+            if isinstance(ev, types):
                 return ev
 
-    async def start(self, session: dict[str, Any] | None = None, *, timeout: float = 15.0) -> dict[str, Any]:
+    def of(self, kind: type[E]) -> list[E]:
+        """The events of ``kind`` received so far."""
+        return [e for e in self.events if isinstance(e, kind)]
+
+    async def start(
+        self, session: dict[str, Any] | None = None, *, timeout: float = 15.0
+    ) -> wire.SessionStarted | wire.Error:
         """``session.start`` → the ``session.started`` event (or the ``error`` that refused it)."""
         await self.send(
             {"type": "session.start", "event_id": "start", "session": session or {"model": "test"}}
         )
-        return await self.next_event(("session.started", "error"), timeout)
+        return await self.next_event((wire.SessionStarted, wire.Error), timeout)  # type: ignore[arg-type]
 
     async def append_audio(self, raw: bytes, *, bytes_per_100ms: int, realtime: bool = True) -> None:
         """Stream ``raw`` (session format) in 100 ms appends, paced at real time unless ``realtime`` is False."""
         t0 = time.monotonic()
         for i, pos in enumerate(range(0, len(raw), bytes_per_100ms)):
             chunk = raw[pos : pos + bytes_per_100ms]
-            await self.send({"type": "session.input_audio.append", "audio": base64.b64encode(chunk).decode()})
+            await self.send(wire.InputAudioAppend(audio=base64.b64encode(chunk).decode()))
             if realtime:
                 await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.1 - time.monotonic()))
 
