@@ -37,18 +37,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import json
 import re
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 from _common import finish, pct
 
-from livekit_omni.live.client import LiveClient
+from livekit_omni.live import wire
+from livekit_omni.testing.live_client import LiveClient
 from tests.conftest import ServerProcess, start_server
 from tests.speech_fixtures import speech_bounds_ms, synthesize_speech
 
@@ -230,7 +231,7 @@ async def run_turn(
             if first_loud is None:
                 first_loud = mine[0][1]
             last_loud_window = mine[-1][0]
-        outs = [e for e in client.events[first_event:] if e.get("type") == "session.output_transcript.delta"]
+        outs = [e for e in client.events[first_event:] if isinstance(e, wire.OutputTranscriptDelta)]
         if len(outs) != n_transcripts:
             n_transcripts, last_transcript = len(outs), time.monotonic()
         quiet_windows = scan.windows_received() - 1 - last_loud_window
@@ -243,9 +244,9 @@ async def run_turn(
         if client.closed.is_set():
             break
     events = client.events[first_event:]
-    heard = " ".join(e["delta"] for e in events if e.get("type") == "session.input_transcript.delta")
-    answer = "".join(e["delta"] for e in events if e.get("type") == "session.output_transcript.delta")
-    errors = [e for e in events if e.get("type") == "error"]
+    heard = " ".join(e.delta for e in events if isinstance(e, wire.InputTranscriptDelta))
+    answer = "".join(e.delta for e in events if isinstance(e, wire.OutputTranscriptDelta))
+    errors = [e for e in events if isinstance(e, wire.Error)]
     latency = (first_loud - spoken_end) * 1000 if first_loud is not None else float("nan")
     return Turn(
         text,
@@ -253,7 +254,7 @@ async def run_turn(
         answer.strip(),
         latency,
         kind,
-        error=json.dumps(errors[0].get("error", errors[0])) if errors else None,
+        error=msgspec.json.encode(errors[0].error).decode() if errors else None,
     )
 
 
@@ -279,7 +280,7 @@ async def conversation(
         if history:
             session["input"] = history
         started = await client.start(session)
-        if started.get("type") != "session.started":
+        if not isinstance(started, wire.SessionStarted):
             raise RuntimeError(f"session.start refused: {started}")
         mic = Microphone(client)
         scan = OutputScan(client)
@@ -290,7 +291,7 @@ async def conversation(
         mic = None
         await client.send({"type": "session.close"})
         try:
-            await client.next_event("session.closed", timeout=5)
+            await client.next_event(wire.SessionClosed, timeout=5)
         except (TimeoutError, EOFError):
             pass
     finally:

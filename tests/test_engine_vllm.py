@@ -33,7 +33,7 @@ def asr() -> WhisperTranscriber:
 
 async def test_engine_reports_the_vllm_thinker(client: EngineClient) -> None:
     info = await client.ping()
-    thinker = info["thinker"]
+    thinker = info.details["thinker"]
     assert thinker["backend"] == "vllm" and thinker["device"] == "cpu", info
     assert thinker["kv_capacity_tokens"] > 0 and thinker["kv_free_tokens"] > 0
 
@@ -65,16 +65,16 @@ async def test_barge_in_keeps_only_played_words_and_the_next_answer_follows(clie
     bump = d.of(p.BargeIn)
     assert len(bump) == 1 and bump[0].turn_id == reply_turn
     stats = await session.stats()
-    seg = next(s for s in stats["log"] if s["role"] == "assistant" and s["turn_id"] == reply_turn)
-    assert seg["interrupted"]
+    seg = next(s for s in stats.log if s.role == "assistant" and s.turn_id == reply_turn)
+    assert seg.interrupted
     outs = [e for e in d.of(p.OutputTranscript) if e.turn_id == reply_turn]
     kept = [e.text.strip() for e in outs if e.end_sample <= bump[0].played_samples]
-    assert seg["text"].split() == kept and kept
+    assert seg.text.split() == kept and kept
     nxt = next(e for e in d.of(p.ReplyDone) if e.turn_id > reply_turn)
     assert nxt.epoch == bump[0].epoch and not nxt.interrupted
     assert d.audio_of_turn(nxt.turn_id).shape[0] > 0
     # The KV still covers the whole log: the barge-in re-opened the request from it.
-    assert stats["thinker"]["resident_kv_tokens"] <= stats["thinker"]["log_tokens"]
+    assert stats.extra["thinker"]["resident_kv_tokens"] <= stats.extra["thinker"]["log_tokens"]
     await session.close()
 
 
@@ -91,8 +91,8 @@ async def test_two_contexts_worth_of_history_keeps_answering(client: EngineClien
     turn = await asyncio.wait_for(ask(d, "What is the capital of France?"), 60)
     assert d.audio_of_turn(turn).shape[0] > 0
     stats = await session.stats()
-    assert stats["thinker"]["trims"] >= 1
-    assert stats["thinker"]["log_tokens"] <= 512
-    assert stats["log"][0]["role"] == "system"
-    assert "france" in normalize_text(" ".join(s["text"] for s in stats["log"] if s["role"] == "user"))
+    assert stats.extra["thinker"]["trims"] >= 1
+    assert stats.extra["thinker"]["log_tokens"] <= 512
+    assert stats.log[0].role == "system"
+    assert "france" in normalize_text(" ".join(s.text for s in stats.log if s.role == "user"))
     await session.close()

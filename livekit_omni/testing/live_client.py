@@ -143,7 +143,7 @@ class LiveClient:
         await self.send(
             {"type": "session.start", "event_id": "start", "session": session or {"model": "test"}}
         )
-        return await self.next_event((wire.SessionStarted, wire.Error), timeout)  # type: ignore[arg-type]
+        return await self.next_event((wire.SessionStarted, wire.Error), timeout)
 
     async def append_audio(self, raw: bytes, *, bytes_per_100ms: int, realtime: bool = True) -> None:
         """Stream ``raw`` (session format) in 100 ms appends, paced at real time unless ``realtime`` is False."""

@@ -50,7 +50,7 @@ class _SourceTrack(MediaStreamTrack):
             return self.sent
         return self.sent % self._frames if self._looping else None
 
-    async def recv(self) -> AudioFrame | Packet:  # type: ignore[override]
+    async def recv(self) -> AudioFrame | Packet:
         if self.readyState != "live":
             raise MediaStreamError
         await self._pacer.tick()
