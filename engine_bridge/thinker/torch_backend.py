@@ -43,7 +43,6 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 
 from .base import (
-    APPEND_ROLES,
     AppendResult,
     Checkpoint,
     DecodingSettings,
@@ -51,17 +50,15 @@ from .base import (
     Message,
     Role,
     StepOutput,
-    ThinkerBackend,
     ThinkerCapacityError,
     ThinkerCaps,
     ThinkerStateError,
     ThinkerStats,
     TokenLog,
-    UnknownSessionError,
 )
 from .model_store import DEFAULT_MODEL, DTypeName, LoadedModel, load_model
 from .prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING, ChatFormat
-from .turns import ReplyPolicy, ReplyProgress, fit_message, opening_log, trim_plan
+from .turns import LogBackedThinker, ReplyPolicy, ReplyProgress, SessionRecord, opening_log
 
 log = logging.getLogger(__name__)
 
@@ -227,22 +224,12 @@ class _Reply(ReplyProgress):
 
 
 @dataclass(slots=True)
-class _Session:
-    sid: str
-    log: TokenLog
-    decoding: DecodingSettings
+class _Session(SessionRecord):
     #: Own cache; None while the session's KV lives in the generation group.
     cache: _LeaseCache | None = None
     #: Number of log tokens whose KV is computed (the cache covers ``log.tokens[:kv_len]``).
     kv_len: int = 0
     reply: _Reply | None = None
-    prefill_tokens_last_append: int = 0
-    cached_tokens_last_append: int = 0
-    prefill_ms_last_append: float = 0.0
-    ttft_ms_last_reply: float | None = None
-    prefill_tokens_total: int = 0
-    generated_tokens_total: int = 0
-    trims: int = 0
 
 
 @dataclass(slots=True)
@@ -259,13 +246,15 @@ class _Group:
 
 
 # ------------------------------------------------------------------------------------------- backend
-class TorchThinker(ThinkerBackend):
+class TorchThinker(LogBackedThinker[_Session]):
     """Transformers reference backend. Not thread-safe: the engine calls it from one worker thread."""
 
     def __init__(
         self, config: TorchThinkerConfig | None = None, *, loaded: LoadedModel | None = None
     ) -> None:
         self.config = cfg = config or TorchThinkerConfig()
+        self.max_context_tokens = cfg.max_context_tokens
+        self.trim_to_fraction = cfg.trim_to_fraction
         # Once, here: the engine owns the process's thread budget and the thinker gets its share.
         torch.set_num_threads(cfg.threads)
         self.loaded = loaded or load_model(cfg.model, dtype=cfg.dtype, cache_dir=cfg.cache_dir)
@@ -373,26 +362,15 @@ class TorchThinker(ThinkerBackend):
         self, sid: str, role: Role, text: str, *, epoch: int | None = None, prefill: bool = True
     ) -> AppendResult:
         sess = self._get(sid)
-        if sess.reply is not None:
-            raise ThinkerStateError(f"session {sid!r} is generating a reply; end_reply() first")
-        if role not in APPEND_ROLES:
-            raise ValueError(f"append() role must be one of {sorted(APPEND_ROLES)}, not {role!r}")
         t0 = time.perf_counter()
-        text = text.strip()
-        enc = self.fmt.encode_message(role, text)
-        reserve = self._reply_reserve(sess.decoding)
-        trimmed = self._trim(sess, len(enc.tokens) + reserve)
-        room = self.config.max_context_tokens - reserve - len(sess.log) - len(enc.prefix) - len(enc.suffix)
-        enc, text = fit_message(self.fmt, enc, text, room, sid)
-        content = enc.content
+        enc, trimmed = self._add_message(sess, role, text, epoch, generating=sess.reply is not None)
         cached = sess.kv_len
-        sess.log.add_message(role, text, enc.prefix, content, enc.suffix, epoch=epoch)
         computed = self._sync(sess) if prefill else len(sess.log) - cached
         sess.prefill_tokens_last_append = computed
         sess.cached_tokens_last_append = cached
         sess.prefill_ms_last_append = (time.perf_counter() - t0) * 1000
         return AppendResult(
-            new_tokens=len(enc.prefix) + len(content) + len(enc.suffix),
+            new_tokens=len(enc.tokens),
             prefill_tokens=computed,
             cached_tokens=cached,
             log_len=len(sess.log),
@@ -453,10 +431,7 @@ class TorchThinker(ThinkerBackend):
 
     def rollback(self, sid: str, ckpt: Checkpoint | int) -> None:
         sess = self._get(sid)
-        k = ckpt.log_len if isinstance(ckpt, Checkpoint) else int(ckpt)
-        system_end = sess.log.segments[0].end if sess.log.segments else 0
-        if not system_end <= k <= len(sess.log):
-            raise ValueError(f"rollback to {k}: must lie within [{system_end}, {len(sess.log)}]")
+        k = self._rollback_target(sess, ckpt)
         if sess.reply is not None:
             if self._in_group(sid):
                 self._leave_group({sid}, keep_kv=True)
@@ -685,39 +660,11 @@ class TorchThinker(ThinkerBackend):
             sess.cache.crop(k - sess.kv_len)  # a negative argument: tokens to remove
             sess.kv_len = k
 
-    def _reply_reserve(self, dec: DecodingSettings) -> int:
-        return len(self.fmt.reply_header) + dec.max_tokens + len(self.fmt.reply_footer)
-
-    def _trim(self, sess: _Session, need: int) -> bool:
-        """Make room for ``need`` more tokens by dropping old turns (see ``turns.trim_plan``). The cache is
-        reset; the caller's next ``_sync`` rebuilds it once from the trimmed log."""
-        limit = self.config.max_context_tokens
-        drop = trim_plan(sess.log, limit, need, self.config.trim_to_fraction)
-        if drop is None:
-            return False
-        before = len(sess.log)
-        sess.log = sess.log.without_segments(drop)
-        log.info(
-            "session %s: context %d + %d > %d tokens; dropped %d old segment(s), rebuilding %d tokens",
-            sess.sid,
-            before,
-            need,
-            limit,
-            len(drop),
-            len(sess.log),
-        )
+    def _forget_kv(self, sess: _Session) -> None:
         sess.cache = None
         sess.kv_len = 0
-        sess.trims += 1
-        return True
 
     # ------------------------------------------------------------------ inspection
-    def _get(self, sid: str) -> _Session:
-        try:
-            return self._sessions[sid]
-        except KeyError:
-            raise UnknownSessionError(sid) from None
-
     def stats(self, sid: str) -> ThinkerStats:
         sess = self._get(sid)
         if self._in_group(sid):
@@ -726,24 +673,7 @@ class TorchThinker(ThinkerBackend):
             memory = self._group.cache.nbytes() // len(self._group.sids)
         else:
             memory = _cache_bytes(sess.cache)
-        return ThinkerStats(
-            resident_kv_tokens=sess.kv_len,
-            log_tokens=len(sess.log),
-            prefill_tokens_last_append=sess.prefill_tokens_last_append,
-            cached_tokens_last_append=sess.cached_tokens_last_append,
-            prefill_ms_last_append=sess.prefill_ms_last_append,
-            ttft_ms_last_reply=sess.ttft_ms_last_reply,
-            prefill_tokens_total=sess.prefill_tokens_total,
-            generated_tokens_total=sess.generated_tokens_total,
-            trims=sess.trims,
-            memory_bytes=memory,
-        )
-
-    def log(self, sid: str) -> LogSnapshot:
-        return self._get(sid).log.snapshot()
-
-    def session_ids(self) -> list[str]:
-        return list(self._sessions)
+        return self._stats(sess, resident=sess.kv_len, memory=memory)
 
     def is_generating(self, sid: str) -> bool:
         return self._get(sid).reply is not None
@@ -753,9 +683,6 @@ class TorchThinker(ThinkerBackend):
         if self._group is not None:
             total += _cache_bytes(self._group.cache)
         return total
-
-    def decode(self, tokens: Sequence[int]) -> str:
-        return self.fmt.decode(tokens)
 
     def describe(self) -> dict[str, object]:
         budget = self.config.kv_budget_bytes

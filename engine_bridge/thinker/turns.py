@@ -17,17 +17,25 @@ identically:
 from __future__ import annotations
 
 import logging
+from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from .base import (
     APPEND_ROLES,
     Checkpoint,
     DecodingSettings,
     FinishReason,
+    LogSnapshot,
     Message,
+    Role,
     StepOutput,
+    ThinkerBackend,
+    ThinkerStateError,
+    ThinkerStats,
     TokenLog,
+    UnknownSessionError,
 )
 from .prompting import ChatFormat, EncodedMessage, ends_sentence
 
@@ -213,3 +221,118 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+# ------------------------------------------------------------------------------------ the shared backend half
+@dataclass(slots=True)
+class SessionRecord:
+    """The backend-independent part of a session: its log, decoding defaults and the reported counters."""
+
+    sid: str
+    log: TokenLog
+    decoding: DecodingSettings
+    prefill_tokens_last_append: int = 0
+    cached_tokens_last_append: int = 0
+    prefill_ms_last_append: float = 0.0
+    ttft_ms_last_reply: float | None = None
+    prefill_tokens_total: int = 0
+    generated_tokens_total: int = 0
+    trims: int = 0
+
+
+S = TypeVar("S", bound=SessionRecord)
+
+
+class LogBackedThinker(ThinkerBackend, Generic[S]):
+    """The half of the contract that is about the token log, shared by the torch and vLLM backends: the session
+    table, message encoding, trimming, checkpoint bounds and stats. A backend adds what computes KV."""
+
+    fmt: ChatFormat
+    policy: ReplyPolicy
+    #: Longest log a session keeps, and how far a trim cuts (fraction of it).
+    max_context_tokens: int
+    trim_to_fraction: float
+    _sessions: dict[str, S]
+
+    def _get(self, sid: str) -> S:
+        try:
+            return self._sessions[sid]
+        except KeyError:
+            raise UnknownSessionError(sid) from None
+
+    def _reply_reserve(self, dec: DecodingSettings) -> int:
+        return len(self.fmt.reply_header) + dec.max_tokens + len(self.fmt.reply_footer)
+
+    def _add_message(
+        self, sess: S, role: Role, text: str, epoch: int | None, *, generating: bool
+    ) -> tuple[EncodedMessage, bool]:
+        """``append``'s log half: check, make room (trimming old turns), fit and add the message. Returns the
+        encoding as added and whether old turns were trimmed."""
+        if generating:
+            raise ThinkerStateError(f"session {sess.sid!r} is generating a reply; end_reply() first")
+        if role not in APPEND_ROLES:
+            raise ValueError(f"append() role must be one of {sorted(APPEND_ROLES)}, not {role!r}")
+        text = text.strip()
+        enc = self.fmt.encode_message(role, text)
+        reserve = self._reply_reserve(sess.decoding)
+        trimmed = self._trim(sess, len(enc.tokens) + reserve)
+        room = self.max_context_tokens - reserve - len(sess.log) - len(enc.prefix) - len(enc.suffix)
+        enc, text = fit_message(self.fmt, enc, text, room, sess.sid)
+        sess.log.add_message(role, text, enc.prefix, enc.content, enc.suffix, epoch=epoch)
+        return enc, trimmed
+
+    def _rollback_target(self, sess: S, ckpt: Checkpoint | int) -> int:
+        k = ckpt.log_len if isinstance(ckpt, Checkpoint) else int(ckpt)
+        system_end = sess.log.segments[0].end if sess.log.segments else 0
+        if not system_end <= k <= len(sess.log):
+            raise ValueError(f"rollback to {k}: must lie within [{system_end}, {len(sess.log)}]")
+        return k
+
+    def _trim(self, sess: S, need: int) -> bool:
+        """Make room for ``need`` more tokens by dropping old turns (:func:`trim_plan`); the backend's
+        :meth:`_forget_kv` then drops the KV, which its next sync rebuilds once from the trimmed log."""
+        limit = self.max_context_tokens
+        drop = trim_plan(sess.log, limit, need, self.trim_to_fraction)
+        if drop is None:
+            return False
+        before = len(sess.log)
+        sess.log = sess.log.without_segments(drop)
+        log.info(
+            "session %s: context %d + %d > %d tokens; dropped %d old segment(s), rebuilding %d tokens",
+            sess.sid,
+            before,
+            need,
+            limit,
+            len(drop),
+            len(sess.log),
+        )
+        sess.trims += 1
+        self._forget_kv(sess)
+        return True
+
+    @abstractmethod
+    def _forget_kv(self, sess: S) -> None:
+        """The log was rewritten (trimmed): whatever KV the session holds no longer matches it."""
+
+    def _stats(self, sess: S, *, resident: int, memory: int) -> ThinkerStats:
+        return ThinkerStats(
+            resident_kv_tokens=resident,
+            log_tokens=len(sess.log),
+            prefill_tokens_last_append=sess.prefill_tokens_last_append,
+            cached_tokens_last_append=sess.cached_tokens_last_append,
+            prefill_ms_last_append=sess.prefill_ms_last_append,
+            ttft_ms_last_reply=sess.ttft_ms_last_reply,
+            prefill_tokens_total=sess.prefill_tokens_total,
+            generated_tokens_total=sess.generated_tokens_total,
+            trims=sess.trims,
+            memory_bytes=memory,
+        )
+
+    def log(self, sid: str) -> LogSnapshot:
+        return self._get(sid).log.snapshot()
+
+    def session_ids(self) -> list[str]:
+        return list(self._sessions)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.fmt.decode(tokens)

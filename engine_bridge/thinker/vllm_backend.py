@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .base import (
-    APPEND_ROLES,
     AppendResult,
     Checkpoint,
     DecodingSettings,
@@ -49,18 +48,16 @@ from .base import (
     Message,
     Role,
     StepOutput,
-    ThinkerBackend,
     ThinkerCapacityError,
     ThinkerCaps,
     ThinkerError,
     ThinkerStateError,
     ThinkerStats,
     TokenLog,
-    UnknownSessionError,
 )
 from .model_store import DEFAULT_MODEL, resolve_model_path
 from .prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING, ChatFormat
-from .turns import ReplyPolicy, ReplyProgress, fit_message, opening_log, trim_plan
+from .turns import LogBackedThinker, ReplyPolicy, ReplyProgress, SessionRecord, opening_log
 
 log = logging.getLogger(__name__)
 
@@ -319,11 +316,9 @@ class _Reply(ReplyProgress):
 
 
 @dataclass(slots=True)
-class _Session:
-    sid: str
-    log: TokenLog
-    decoding: DecodingSettings
-    salt: str
+class _Session(SessionRecord):
+    #: Namespaces this conversation's blocks in vLLM's prefix cache (conversations never share blocks).
+    salt: str = ""
     #: The current vLLM request (None: not open in vLLM, the next sync opens one).
     request: str | None = None
     #: Tokens whose KV the vLLM request holds; always a prefix of ``log.tokens`` outside a reply.
@@ -333,23 +328,18 @@ class _Session:
     #: Chunks of the current request vLLM had finished before the chunk in flight.
     chunk_base: int = 0
     reply: _Reply | None = None
-    prefill_tokens_last_append: int = 0
-    cached_tokens_last_append: int = 0
-    prefill_ms_last_append: float = 0.0
-    ttft_ms_last_reply: float | None = None
-    prefill_tokens_total: int = 0
-    generated_tokens_total: int = 0
-    trims: int = 0
     #: Prefix-cache hits of re-opens: tokens found cached, tokens asked for.
     reopen_cached_tokens: int = 0
     reopen_tokens: int = 0
 
 
-class VllmThinker(ThinkerBackend):
+class VllmThinker(LogBackedThinker[_Session]):
     """The contract of base.py on vLLM. Not thread-safe: the engine calls it from one worker thread."""
 
     def __init__(self, config: VllmThinkerConfig | None = None, *, engine: VllmEngine | None = None) -> None:
         self.config = cfg = config or VllmThinkerConfig()
+        self.max_context_tokens = cfg.max_context_tokens
+        self.trim_to_fraction = cfg.trim_to_fraction
         self.engine = engine or VllmEngine(cfg)
         self._owns_engine = engine is None
         if cfg.max_context_tokens > self.engine.max_model_len:
@@ -453,19 +443,9 @@ class VllmThinker(ThinkerBackend):
         self, sid: str, role: Role, text: str, *, epoch: int | None = None, prefill: bool = True
     ) -> AppendResult:
         sess = self._get(sid)
-        if sess.reply is not None:
-            raise ThinkerStateError(f"session {sid!r} is generating a reply; end_reply() first")
-        if role not in APPEND_ROLES:
-            raise ValueError(f"append() role must be one of {sorted(APPEND_ROLES)}, not {role!r}")
         t0 = time.perf_counter()
-        text = text.strip()
-        enc = self.fmt.encode_message(role, text)
-        reserve = self._reply_reserve(sess.decoding)
-        trimmed = self._trim(sess, len(enc.tokens) + reserve)
-        room = self.config.max_context_tokens - reserve - len(sess.log) - len(enc.prefix) - len(enc.suffix)
-        enc, text = fit_message(self.fmt, enc, text, room, sid)
         cached = len(sess.held)
-        sess.log.add_message(role, text, enc.prefix, enc.content, enc.suffix, epoch=epoch)
+        enc, trimmed = self._add_message(sess, role, text, epoch, generating=sess.reply is not None)
         computed = self._sync(sess) if prefill else len(sess.log) - cached
         if trimmed and prefill:
             cached = len(sess.log) - computed
@@ -522,10 +502,7 @@ class VllmThinker(ThinkerBackend):
 
     def rollback(self, sid: str, ckpt: Checkpoint | int) -> None:
         sess = self._get(sid)
-        k = ckpt.log_len if isinstance(ckpt, Checkpoint) else int(ckpt)
-        system_end = sess.log.segments[0].end if sess.log.segments else 0
-        if not system_end <= k <= len(sess.log):
-            raise ValueError(f"rollback to {k}: must lie within [{system_end}, {len(sess.log)}]")
+        k = self._rollback_target(sess, ckpt)
         if sess.reply is not None:
             self._stop_generation(sess, sess.reply)
             sess.reply = None
@@ -667,74 +644,29 @@ class VllmThinker(ThinkerBackend):
         return computed
 
     # ------------------------------------------------------------------ context
-    def _reply_reserve(self, dec: DecodingSettings) -> int:
-        return len(self.fmt.reply_header) + dec.max_tokens + len(self.fmt.reply_footer)
-
-    def _trim(self, sess: _Session, need: int) -> bool:
-        """Drop old turns near the context limit; the next sync re-opens the request from the trimmed log."""
-        limit = self.config.max_context_tokens
-        drop = trim_plan(sess.log, limit, need, self.config.trim_to_fraction)
-        if drop is None:
-            return False
-        before = len(sess.log)
-        sess.log = sess.log.without_segments(drop)
-        log.info(
-            "session %s: context %d + %d > %d tokens; dropped %d old segment(s), re-opening with %d tokens",
-            sess.sid,
-            before,
-            need,
-            limit,
-            len(drop),
-            len(sess.log),
-        )
-        sess.trims += 1
-        return True
+    def _forget_kv(self, sess: _Session) -> None:
+        """Nothing to drop here: ``held`` no longer prefixes the trimmed log, so the next sync re-opens the
+        request from it (the old request's blocks go back to the pool then)."""
 
     # ------------------------------------------------------------------ inspection
-    def _get(self, sid: str) -> _Session:
-        try:
-            return self._sessions[sid]
-        except KeyError:
-            raise UnknownSessionError(sid) from None
-
     def _held_bytes(self, sess: _Session) -> int:
         bs = self.engine.block_size
         return math.ceil(len(sess.held) / bs) * bs * self.engine.kv_bytes_per_token
 
     def stats(self, sid: str) -> ThinkerStats:
         sess = self._get(sid)
-        return ThinkerStats(
-            resident_kv_tokens=len(sess.held),
-            log_tokens=len(sess.log),
-            prefill_tokens_last_append=sess.prefill_tokens_last_append,
-            cached_tokens_last_append=sess.cached_tokens_last_append,
-            prefill_ms_last_append=sess.prefill_ms_last_append,
-            ttft_ms_last_reply=sess.ttft_ms_last_reply,
-            prefill_tokens_total=sess.prefill_tokens_total,
-            generated_tokens_total=sess.generated_tokens_total,
-            trims=sess.trims,
-            memory_bytes=self._held_bytes(sess),
-        )
+        return self._stats(sess, resident=len(sess.held), memory=self._held_bytes(sess))
 
     def prefix_cache_hit_share(self, sid: str) -> float | None:
         """Share of re-opened tokens found in vLLM's prefix cache (None before any re-open)."""
         sess = self._get(sid)
         return sess.reopen_cached_tokens / sess.reopen_tokens if sess.reopen_tokens else None
 
-    def log(self, sid: str) -> LogSnapshot:
-        return self._get(sid).log.snapshot()
-
-    def session_ids(self) -> list[str]:
-        return list(self._sessions)
-
     def is_generating(self, sid: str) -> bool:
         return self._get(sid).reply is not None
 
     def memory_bytes(self) -> int:
         return sum(self._held_bytes(s) for s in self._sessions.values())
-
-    def decode(self, tokens: Sequence[int]) -> str:
-        return self.fmt.decode(tokens)
 
     def describe(self) -> dict[str, object]:
         held = sum(math.ceil(len(s.held) / self.engine.block_size) for s in self._sessions.values())
