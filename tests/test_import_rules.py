@@ -285,3 +285,17 @@ def test_cycle_detector_finds_a_planted_cycle(tmp_path: Path) -> None:
     cycles = find_cycles(graph)
     assert cycles == [["pkg.a", "pkg.b", "pkg.a"]]
     assert describe_cycles(graph, cycles) == "import cycle: pkg.a (line 5) -> pkg.b | pkg.b (line 1) -> pkg.a"
+
+
+def test_product_code_never_imports_the_testing_helpers() -> None:
+    """livekit_omni.testing (the Live test client, the WebRTC test caller) is for tests and benchmarks only."""
+    graph = import_graph(ROOT, OWN_PACKAGES)
+    bad = sorted(
+        f"{mod} (line {line}) -> {dep}"
+        for mod, deps in graph.items()
+        if not mod.startswith("livekit_omni.testing")
+        for dep, line in deps.items()
+        if dep.startswith("livekit_omni.testing")
+    )
+    assert not bad, "product modules import the test helpers: " + "; ".join(bad)
+    assert any(m.startswith("livekit_omni.testing") for m in graph), "the testing package was not scanned"
