@@ -57,6 +57,8 @@ def test_known_commands_decode_and_unknown_fields_are_ignored() -> None:
     ("raw", "code", "param"),
     [
         ("{oops", "invalid_json", None),
+        ('{"type":"session.update","session":' + "[" * 5000 + "]" * 5000 + "}", "invalid_json", None),
+        ("[" * 100_000, "invalid_json", None),
         ("[1]", "invalid_json", None),
         ('"text"', "invalid_json", None),
         ('{"event_id":"x"}', "invalid_event", "type"),

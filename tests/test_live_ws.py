@@ -298,6 +298,9 @@ async def test_invalid_json_and_non_object(server: ServerProcess) -> None:
         await expect_error(c, "invalid_json")
         await c.send_raw("[1, 2]")
         await expect_error(c, "invalid_json")
+        # 5,000 nested arrays used to end the session with close 1000 and no error event.
+        await c.send_raw('{"type":"session.update","session":' + "[" * 5000 + "]" * 5000 + "}")
+        await expect_error(c, "invalid_json")
         await c.send({"event_id": "no-type"})
         await expect_error(c, "invalid_event")
         await still_alive(c)
