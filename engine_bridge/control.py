@@ -106,7 +106,7 @@ def _salvage_req_id(body: bytes) -> int:
     """Best effort: the req_id of a frame that did not decode as a command, so the error reply can be matched."""
     try:
         raw = msgspec.msgpack.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return 0
     if isinstance(raw, dict) and isinstance(raw.get("req_id"), int):
         return int(raw["req_id"])
@@ -200,7 +200,7 @@ class ControlServer:
                     break
                 try:
                     cmd = _command_decoder.decode(body)
-                except msgspec.DecodeError as e:
+                except (msgspec.DecodeError, RecursionError) as e:  # deep nesting raises RecursionError
                     self.bad_messages += 1
                     req_id = _salvage_req_id(body)
                     log.warning(

@@ -50,7 +50,14 @@ async def test_undecodable_control_message_gets_an_error_reply() -> None:
         control.send_raw(b"\xc1\xff not msgpack")
         with pytest.raises(EngineRequestError):
             await asyncio.wait_for(fut0, 5)
-        # The engine survived both and still answers.
+        # Arrays nested 100,000 deep (msgspec raises RecursionError, not DecodeError, on those).
+        fut1 = asyncio.get_running_loop().create_future()
+        control._pending[0] = fut1
+        control.send_raw(b"\x91" * 100_000 + b"\xc0")
+        with pytest.raises(EngineRequestError) as e1:
+            await asyncio.wait_for(fut1, 5)
+        assert e1.value.code == "bad_message"
+        # The engine survived all three and still answers on the same connection.
         info = await client.ping()
         assert info.state == "ready"
         await client.close()
