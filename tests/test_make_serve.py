@@ -58,6 +58,10 @@ def test_make_serve_prints_the_url_and_answers_health(tmp_path: Path) -> None:
             time.sleep(0.5)
         assert status == 200, (status, body, log.read_text()[-2000:])
         assert body["engine"]["state"] == "ready"
+        # The embedded CPU default, as /health describes it: the torch thinker on SmolLM2, on the CPU.
+        thinker = body["engine"]["thinker"]
+        assert thinker["backend"] == "torch" and thinker["device"] == "cpu", thinker
+        assert thinker["model"] == "smollm2-135m-instruct" and body["engine"]["device"] == "cpu", body
         printed = log.read_text()
         assert "serving at http://" in printed and f":{port}" in printed, printed
     finally:

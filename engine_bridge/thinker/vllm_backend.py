@@ -19,8 +19,8 @@ vLLM request holds, and every operation keeps ``held`` a prefix of the log:
   ``caps.exact_rollback`` is True in the sense of the contract: the next output equals a fresh session's on the
   truncated log (the KV of a cached block is the KV that block's tokens always produce).
 
-Differences from the torch backend, by vLLM's design: a repetition penalty counts the prompt's tokens too
-(vLLM's semantics; the torch backend counts the reply's own tokens only), and stop strings are not used
+The repetition penalty is the torch backend's (over the reply's own tokens, by a logits processor in
+vllm_logits.py), not vLLM's built-in one, which counts the whole conversation. Stop strings are not used
 (resumable requests refuse them; replies stop on the template's end-of-turn ids and our sentence rule).
 
 Threading: like every backend, called from one engine thread. In-process mode (the CPU default) runs vLLM's
@@ -62,6 +62,8 @@ from .turns import LogBackedThinker, ReplyPolicy, ReplyProgress, SessionRecord, 
 log = logging.getLogger(__name__)
 
 DeviceName = Literal["auto", "cpu", "cuda"]
+#: Our logits processor, as vLLM loads it in its engine core (``module:Class``).
+LOGITS_PROCESSOR = "engine_bridge.thinker.vllm_logits:ReplyRepetitionPenalty"
 VllmDType = Literal["auto", "float32", "bfloat16", "float16"]
 
 _instance_ids = itertools.count()
@@ -183,6 +185,8 @@ class VllmEngine:
             tensor_parallel_size=config.tensor_parallel_size,
             seed=config.seed,
             disable_log_stats=True,
+            # The torch backend's repetition penalty (over the reply's own tokens; see vllm_logits.py).
+            logits_processors=[LOGITS_PROCESSOR],
         )
         log.info(
             "starting vLLM (%s, %s, %s, block %d, max_model_len %d, max_num_seqs %d, %s)",
@@ -562,12 +566,15 @@ class VllmThinker(LogBackedThinker[_Session]):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        from .vllm_logits import REPLY_PENALTY_KEY
+
         dec = reply.decoding
         params = SamplingParams(
             max_tokens=dec.max_tokens,
             temperature=dec.temperature,
             top_p=dec.top_p,
-            repetition_penalty=dec.repetition_penalty,
+            # Not vLLM's repetition_penalty, which counts the whole conversation (the prompt) too.
+            extra_args={REPLY_PENALTY_KEY: dec.repetition_penalty} if dec.repetition_penalty != 1.0 else None,
             seed=dec.seed,
             ignore_eos=dec.ignore_eos,
             stop_token_ids=[] if dec.ignore_eos else sorted(self.policy.stop_ids),
