@@ -366,16 +366,8 @@ class TorchThinker(LogBackedThinker[_Session]):
         enc, trimmed = self._add_message(sess, role, text, epoch, generating=sess.reply is not None)
         cached = sess.kv_len
         computed = self._sync(sess) if prefill else len(sess.log) - cached
-        sess.prefill_tokens_last_append = computed
-        sess.cached_tokens_last_append = cached
-        sess.prefill_ms_last_append = (time.perf_counter() - t0) * 1000
-        return AppendResult(
-            new_tokens=len(enc.tokens),
-            prefill_tokens=computed,
-            cached_tokens=cached,
-            log_len=len(sess.log),
-            trimmed=trimmed,
-            deferred=not prefill,
+        return self._record_append(
+            sess, enc, computed=computed, cached=cached, trimmed=trimmed, deferred=not prefill, t0=t0
         )
 
     def begin_reply(

@@ -17,6 +17,7 @@ identically:
 from __future__ import annotations
 
 import logging
+import time
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from typing import Generic, TypeVar
 
 from .base import (
     APPEND_ROLES,
+    AppendResult,
     Checkpoint,
     DecodingSettings,
     FinishReason,
@@ -280,6 +282,30 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
         enc, text = fit_message(self.fmt, enc, text, room, sess.sid)
         sess.log.add_message(role, text, enc.prefix, enc.content, enc.suffix, epoch=epoch)
         return enc, trimmed
+
+    def _record_append(
+        self,
+        sess: S,
+        enc: EncodedMessage,
+        *,
+        computed: int,
+        cached: int,
+        trimmed: bool,
+        deferred: bool,
+        t0: float,
+    ) -> AppendResult:
+        """Remember what an ``append`` cost (``stats``) and say it (the result)."""
+        sess.prefill_tokens_last_append = computed
+        sess.cached_tokens_last_append = cached
+        sess.prefill_ms_last_append = (time.perf_counter() - t0) * 1000
+        return AppendResult(
+            new_tokens=len(enc.tokens),
+            prefill_tokens=computed,
+            cached_tokens=cached,
+            log_len=len(sess.log),
+            trimmed=trimmed,
+            deferred=deferred,
+        )
 
     def _rollback_target(self, sess: S, ckpt: Checkpoint | int) -> int:
         k = ckpt.log_len if isinstance(ckpt, Checkpoint) else int(ckpt)

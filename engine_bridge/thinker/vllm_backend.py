@@ -453,16 +453,8 @@ class VllmThinker(LogBackedThinker[_Session]):
         computed = self._sync(sess) if prefill else len(sess.log) - cached
         if trimmed and prefill:
             cached = len(sess.log) - computed
-        sess.prefill_tokens_last_append = computed
-        sess.cached_tokens_last_append = cached
-        sess.prefill_ms_last_append = (time.perf_counter() - t0) * 1000
-        return AppendResult(
-            new_tokens=len(enc.tokens),
-            prefill_tokens=computed,
-            cached_tokens=cached,
-            log_len=len(sess.log),
-            trimmed=trimmed,
-            deferred=not prefill,
+        return self._record_append(
+            sess, enc, computed=computed, cached=cached, trimmed=trimmed, deferred=not prefill, t0=t0
         )
 
     def begin_reply(
