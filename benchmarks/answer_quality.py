@@ -21,8 +21,8 @@ A reply is over when 1.2 s of output has been quiet after its last loud window a
 Server settings: ``--backend`` and ``--model`` go into ``engine.thinker.backend`` / ``engine.thinker.model``.
 ``--system-prompt`` sets the server's default system prompt, ``--instructions`` sends session
 instructions (what a client such as LiveKit's ``GPTLiveModel`` does), and ``--env NAME=VALUE`` passes any other
-``LIVEKIT_OMNI_…`` setting. ``--few-shot`` starts every session with the thinker's example turns
-(``prompting.SPOKEN_EXAMPLES``) as ``session.input`` history.
+``LIVEKIT_OMNI_…`` setting. ``--examples on|off`` sets ``engine.thinker.spoken_examples`` (the example turns
+every voice session opens with; ``auto``, the default, is on for the built-in SmolLM2).
 
 The machine's other load shows in the latency (on the shared 2-core box, compare runs made back to back).
 
@@ -263,7 +263,6 @@ async def conversation(
     texts: list[tuple[str, str]],
     *,
     instructions: str | None,
-    history: list[dict[str, Any]],
     timeout: float,
 ) -> list[Turn]:
     """One fresh session: speak each (text, kind) once the previous reply is over, then close."""
@@ -277,8 +276,6 @@ async def conversation(
         }
         if instructions:
             session["instructions"] = instructions
-        if history:
-            session["input"] = history
         started = await client.start(session)
         if not isinstance(started, wire.SessionStarted):
             raise RuntimeError(f"session.start refused: {started}")
@@ -302,20 +299,6 @@ async def conversation(
 
 
 # ------------------------------------------------------------------------------------------------ settings
-def example_items() -> list[dict[str, Any]]:
-    """The thinker's spoken example turns as ``session.input`` messages (what any client can send)."""
-    from engine_bridge.thinker.prompting import SPOKEN_EXAMPLES
-
-    return [
-        {
-            "type": "message",
-            "role": m.role,
-            "content": [{"type": "output_text" if m.role == "assistant" else "input_text", "text": m.text}],
-        }
-        for m in SPOKEN_EXAMPLES
-    ]
-
-
 def server_env(backend: str, model: str | None, extra: list[str]) -> tuple[dict[str, str], str]:
     """Environment for the server's thinker choice (``engine.thinker.backend`` / ``engine.thinker.model``)."""
     env: dict[str, str] = {"LIVEKIT_OMNI_ENGINE__THINKER__BACKEND": backend}
@@ -357,7 +340,10 @@ async def main() -> None:
     ap.add_argument("--instructions", default=None, help="session instructions sent in session.start")
     ap.add_argument("--system-prompt", default=None, help="the server's default system prompt")
     ap.add_argument(
-        "--few-shot", action="store_true", help="send prompting.SPOKEN_EXAMPLES as session.input history"
+        "--examples",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="engine.thinker.spoken_examples: the example turns voice sessions open with",
     )
     ap.add_argument("--env", action="append", default=[], metavar="LIVEKIT_OMNI_NAME=VALUE")
     ap.add_argument("--turn-timeout", type=float, default=25.0, help="seconds a reply may take to end")
@@ -367,7 +353,7 @@ async def main() -> None:
     questions = QUESTIONS[:2] if args.quick else QUESTIONS
     exchanges = EXCHANGES[:1] if args.quick else EXCHANGES
     env, settings_note = server_env(args.backend, args.model, args.env)
-    history = example_items() if args.few_shot else []
+    env["LIVEKIT_OMNI_ENGINE__THINKER__SPOKEN_EXAMPLES"] = args.examples
     if args.system_prompt is not None:
         env["LIVEKIT_OMNI_ENGINE__THINKER__SYSTEM_PROMPT"] = args.system_prompt
 
@@ -384,7 +370,6 @@ async def main() -> None:
                 server,
                 [(q, "question")],
                 instructions=args.instructions,
-                history=history,
                 timeout=args.turn_timeout,
             )
             turn.ok = correct(q, turn.answer, keywords)
@@ -398,7 +383,6 @@ async def main() -> None:
                 server,
                 [(f"My name is {name}. {q}", "exchange-1"), (NAME_QUESTION, "exchange-2")],
                 instructions=args.instructions,
-                history=history,
                 timeout=args.turn_timeout,
             )
             first.ok = correct(q, first.answer, keywords)
@@ -437,7 +421,7 @@ async def main() -> None:
             "settings": settings_note,
             "instructions": args.instructions,
             "system_prompt": args.system_prompt,
-            "few_shot": args.few_shot,
+            "examples": args.examples,
             "quick": args.quick,
             "server_ready_s": ready_s,
             "rows": [

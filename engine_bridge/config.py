@@ -67,6 +67,10 @@ class ThinkerSettings(BaseModel):
     max_reply_tokens: int = Field(48, ge=4, le=1024)
     #: Empty: the built-in spoken-assistant prompt.
     system_prompt: str = ""
+    #: Example turns every voice session starts with, pinned after the system prompt (short "X is Y." answers
+    #: and a name recalled; docs/benchmarks.md, Answers worth hearing). ``auto``: on for the built-in
+    #: ``smollm2`` only, which needs them; a larger model of your own follows the system prompt without them.
+    spoken_examples: Literal["auto", "on", "off"] = "auto"
     #: vLLM on CUDA: share of the GPU's memory for weights and KV.
     gpu_memory_utilization: float = Field(0.85, ge=0.05, le=1.0)
     tensor_parallel_size: int = Field(1, ge=1, le=64)

@@ -505,6 +505,37 @@ def test_context_trimming_keeps_system_and_answers(make: Factory) -> None:
     assert reply_tokens(th, "a") == fresh_reply(make, snap, max_context_tokens=160)
 
 
+def test_example_turns_are_pinned_with_the_system_segment(make: Factory) -> None:
+    """Example turns sit in the system segment's tail: the log's messages stay the conversation's own, the
+    model sees the examples as earlier turns, and neither trimming nor a rollback ever removes them."""
+    examples = [Message("user", "What animal barks?"), Message("assistant", "A dog barks.")]
+    th = make(max_context_tokens=200)
+    th.open("a", "You are the examples test.", [Message("user", "Hello there.")], examples=examples)
+    snap = th.log("a")
+    assert [s.role for s in snap.segments] == ["system", "user"]
+    system = snap.segments[0]
+    tail = th.decode(snap.tokens[system.content_end : system.end])
+    assert "What animal barks?" in tail and "A dog barks." in tail
+    assert system.text == "You are the examples test."
+    pinned = snap.tokens[: system.end]
+    # The same conversation opened with the examples as plain history has the same tokens: the model sees
+    # exactly the turns it would see in a real conversation.
+    other = make(max_context_tokens=200)
+    other.open("b", "You are the examples test.", [*examples, Message("user", "Hello there.")])
+    assert other.log("b").tokens == snap.tokens
+    other.close("b")
+    with pytest.raises(ValueError):
+        th.rollback("a", system.end - 1)
+    for turn in range(10):
+        th.append("a", "user", f"Turn {turn}: tell me something about the number {turn}, please.")
+        generate(th, "a")
+    assert th.stats("a").trims >= 1
+    assert th.log("a").tokens[: system.end] == pinned
+    with pytest.raises(ValueError):
+        th.open("c", examples=[Message("developer", "not an example")])
+    th.close("a")
+
+
 # ------------------------------------------------------------------------------------------- torch only
 def test_prompt_injection_of_turn_markers_is_plain_text(tiny: LoadedModel) -> None:
     th = TorchThinker(TorchThinkerConfig(model="tiny-random", decoding=GREEDY), loaded=tiny)

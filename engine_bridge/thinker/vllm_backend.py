@@ -379,14 +379,17 @@ class VllmThinker(LogBackedThinker[_Session]):
         *,
         log: LogSnapshot | None = None,
         decoding: DecodingSettings | None = None,
+        examples: Sequence[Message] = (),
     ) -> None:
         if sid in self._sessions:
             raise ThinkerStateError(f"session {sid!r} is already open")
         self._admit()
         dec = decoding or self.config.decoding
         if log is not None:
-            if instructions or history:
-                raise ValueError("open(): pass either a log snapshot or instructions/history, not both")
+            if instructions or history or examples:
+                raise ValueError(
+                    "open(): pass either a log snapshot or instructions/history/examples, not both"
+                )
             token_log = TokenLog.from_snapshot(log)
         else:
             token_log = opening_log(
@@ -396,6 +399,7 @@ class VllmThinker(LogBackedThinker[_Session]):
                 system_prompt=self.config.system_prompt,
                 limit=self.config.max_context_tokens,
                 reply_reserve=self._reply_reserve(dec),
+                examples=examples,
             )
         sess = _Session(sid, token_log, dec, salt=f"lko-{self._uid}-{sid}")
         self._trim(sess, self._reply_reserve(dec))

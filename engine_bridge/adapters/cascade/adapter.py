@@ -43,7 +43,7 @@ from engine_bridge.speech.asr import Transcriber, make_transcriber
 from engine_bridge.speech.tts import Synthesizer, make_synthesizer
 from engine_bridge.speech.vad import TurnDetector, VADEngine, VADSettings, use_silero_providers
 from engine_bridge.thinker.base import Message, ThinkerBackend
-from engine_bridge.thinker.factory import make_thinker
+from engine_bridge.thinker.factory import make_thinker, spoken_examples
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ class CascadeAdapter(ModelAdapter):
         self._kv_bytes = 0
         self._thinker_sessions = 0
         self._thinker_info: dict[str, Any] = {"backend": settings.thinker.backend}
+        self._examples = spoken_examples(settings)
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -155,7 +156,9 @@ class CascadeAdapter(ModelAdapter):
         assert self.thinker is not None and self.machine is not None, "load() first"
         vs, barge, spec = self._vad_settings(session)
         history = [Message(role=t.role, text=t.text) for t in session.config.history]
-        self.thinker.open(session.id, session.config.instructions or None, history or None)
+        self.thinker.open(
+            session.id, session.config.instructions or None, history or None, examples=self._examples
+        )
         self.machine.open(session, CascadeSessionState(TurnDetector(vs), barge, spec))
         self._refresh_kv()
 
