@@ -145,6 +145,7 @@ class CascadeAdapter(ModelAdapter):
             "kv_bytes": self._kv_bytes,
             "thinker_sessions": self._thinker_sessions,
             "text_requests": self.text.running if self.text is not None else 0,
+            "text_requests_aborted": self.text.aborted if self.text is not None else 0,
         }
 
     def _refresh_kv(self) -> None:

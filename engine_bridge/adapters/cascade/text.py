@@ -124,6 +124,7 @@ class TextCompletions:
         self._running: dict[str, _Running] = {}
         self.completed = 0
         self.refused = 0
+        self.aborted = 0
 
     # --- any thread ------------------------------------------------------------------------------------------
     def submit(self, req: TextRequest) -> None:
@@ -162,6 +163,7 @@ class TextCompletions:
             req.refuse(p.ErrorCode.INVALID_REQUEST, "aborted before it started")
             worked = True
         for run in [r for r in self._running.values() if r.req.abort_requested.is_set()]:
+            self.aborted += 1
             self._end(run, "abort")
             worked = True
         return worked
