@@ -5,10 +5,11 @@ One real ``livekit-omni serve`` (cascade, the configured thinker backend, ``max_
 1. **Text throughput**: N = 1, 4, 8 concurrent streamed completions (openai SDK wire format over HTTP, a fixed
    ``max_tokens`` and a prompt that keeps the model talking); tokens/s = completion tokens of all streams (their
    ``usage``) / wall time from the first request sent to the last stream's end.
-2. **Voice alone**: a spoken Live WebSocket conversation (Piper questions at real time, PCM 24 kHz); per turn,
-   voice-to-voice = end of the caller's speech (wall time the append holding its last sample was sent) → first
-   loud reply audio received by the client.
-3. **Voice with chat**: the same conversation while 4 text streams run back to back the whole time.
+2. **Voice alone / with chat**: a spoken Live WebSocket conversation (Piper questions at real time, PCM 24 kHz);
+   per turn, voice-to-voice = end of the caller's speech (wall time the append holding its last sample was sent)
+   → first loud reply audio received by the client. Each question is asked twice in a row: alone, then while 4
+   text streams run back to back (started 1 s before the question, cut when the reply has played). Interleaving
+   the modes keeps the comparison fair on a machine whose speed varies from minute to minute.
 
 The thinker's scheduler runs voice first (engine_bridge/adapters/cascade/text.py): text waits while a voice turn
 is on its latency path, so ``voice_p50_ratio_with_chat`` should stay near 1; the target is <= 1.25. On this 2-core
@@ -108,7 +109,7 @@ async def background_streams(
     import httpx
 
     url = server.url + "/v1/chat/completions"
-    done = {"streams": 0, "tokens": 0, "errors": 0}
+    done = {"streams": 0, "tokens": 0, "errors": 0}  # filled while it runs (it is cancelled to stop)
 
     async def loop(k: int) -> None:
         i = 0
@@ -201,7 +202,22 @@ class Call:
         return (hit[0] - speech_end) * 1000 if hit else float("nan")
 
 
-async def conversation(server: ServerProcess, name: str, turns: int) -> list[dict[str, Any]]:
+async def wait_text_idle(server: ServerProcess, timeout: float = 30.0) -> None:
+    """Until the engine reports no text request in flight (the aborted streams are gone)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code, body = await asyncio.to_thread(server.health)
+        if code == 200 and body["engine"].get("text_requests_active") == 0:
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError("text requests still running")
+
+
+async def conversation(
+    server: ServerProcess, turns: int, max_tokens: int
+) -> tuple[list[dict[str, Any]], dict]:
+    """One spoken call; each question is asked twice in a row, alone and then with 4 text streams running,
+    so that both modes see the same questions and the same (shared, noisy) machine at nearly the same time."""
     live = await LiveClient.connect(server.url, api_key=API_KEY)
     rows: list[dict[str, Any]] = []
     try:
@@ -212,9 +228,23 @@ async def conversation(server: ServerProcess, name: str, turns: int) -> list[dic
         await call.silence_until(lambda: False, 1.0)  # settle
         for i in range(turns):
             q = QUESTIONS[i % len(QUESTIONS)]
-            v2v = await call.turn(q)
-            rows.append({"mode": name, "question": q, "v2v_ms": v2v})
-            print(f"[{name}] turn {i + 1}: {v2v:7.0f} ms  {q!r}", file=sys.stderr, flush=True)
+            for mode in ("alone", "with_chat"):
+                load: asyncio.Task[dict[str, int]] | None = None
+                stop = asyncio.Event()
+                if mode == "with_chat":
+                    load = asyncio.create_task(background_streams(server, 4, max_tokens, stop))
+                    await call.silence_until(
+                        lambda: False, 1.0
+                    )  # the streams are decoding when the caller speaks
+                v2v = await call.turn(q)
+                if load is not None:
+                    stop.set()
+                    load.cancel()  # closes the streams mid-way: the server aborts them
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await load
+                    await wait_text_idle(server)
+                rows.append({"mode": mode, "question": q, "v2v_ms": v2v})
+                print(f"[{mode}] turn {i + 1}: {v2v:7.0f} ms  {q!r}", file=sys.stderr, flush=True)
         with contextlib.suppress(Exception):
             await live.send({"type": "session.close"})
     finally:
@@ -246,15 +276,9 @@ async def main_async(args: argparse.Namespace) -> None:
             row = await throughput(server, n, args.max_tokens)
             rates.append(row)
             print(f"text: {n} stream(s): {row['tok_s']:.1f} tok/s ({row['tokens']} tokens)", file=sys.stderr)
-        alone = await conversation(server, "alone", args.turns)
-        stop = asyncio.Event()
-        load = asyncio.create_task(background_streams(server, 4, args.max_tokens, stop))
-        await asyncio.sleep(1.0)  # the streams are decoding when the caller starts
-        try:
-            with_chat = await conversation(server, "with_chat", args.turns)
-        finally:
-            stop.set()
-            text_during = await load
+        rows = await conversation(server, args.turns, args.max_tokens)
+        alone = [r for r in rows if r["mode"] == "alone"]
+        with_chat = [r for r in rows if r["mode"] == "with_chat"]
     finally:
         await asyncio.to_thread(server.stop)
     a, b = p50(alone), p50(with_chat)
@@ -267,8 +291,7 @@ async def main_async(args: argparse.Namespace) -> None:
         f"voice-to-voice p50: alone {a:.0f} ms, with 4 text streams {b:.0f} ms (ratio {b / a:.2f}; target <= 1.25)"
     )
     print(
-        f"(backend {args.backend}; {args.turns} turns per mode; text during the call: {text_during}; "
-        f"wall {time.monotonic() - t0:.0f} s)"
+        f"(backend {args.backend}; {args.turns} turns per mode, interleaved; wall {time.monotonic() - t0:.0f} s)"
     )
     finish(
         {
@@ -280,10 +303,9 @@ async def main_async(args: argparse.Namespace) -> None:
             "voice_p50_ratio_with_chat": b / a if a else float("nan"),
             "voice_p95_ms_alone": pct([r["v2v_ms"] for r in alone], 95),
             "voice_p95_ms_with_chat": pct([r["v2v_ms"] for r in with_chat], 95),
-            "text_during_call": text_during,
             "backend": args.backend,
             "turns": args.turns,
-            "rows": alone + with_chat,
+            "rows": rows,
             "throughput": rates,
         }
     )
