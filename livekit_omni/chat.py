@@ -31,6 +31,8 @@ from livekit_omni.supervisor import EngineState, EngineSupervisor
 
 log = logging.getLogger(__name__)
 
+#: How often a non-streamed request checks whether its client is still there.
+DISCONNECT_POLL_S: Final = 0.25
 #: OpenAI's limit on stop sequences.
 MAX_STOP: Final = 4
 ROLES: Final = ("system", "developer", "user", "assistant")
@@ -309,18 +311,18 @@ async def chat_completions(request: Request) -> Response:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
+    collect = asyncio.create_task(_collect(stream))
     try:
-        text: list[str] = []
-        done: p.TextDone | None = None
-        async for ev in stream.iter_events():
-            if isinstance(ev, p.TextDelta):
-                text.append(ev.text)
-            else:
-                done = ev
+        # Nothing is sent before the reply is whole, so a client that gives up is only seen by polling.
+        while not (await asyncio.wait({collect}, timeout=DISCONNECT_POLL_S))[0]:
+            if await request.is_disconnected():
+                collect.cancel()
+                return Response(status_code=499)  # nobody reads it; the finally aborts the request
+        text, done = collect.result()
     finally:
+        collect.cancel()
         if stream.done is None:
             _abort_soon(stream)
-    assert done is not None
     if done.finish_reason in ("error", "abort"):
         return ChatError(500, done.error or "the request ended early", type="server_error").response()
     return JSONResponse(
@@ -341,6 +343,16 @@ async def chat_completions(request: Request) -> Response:
             "usage": _usage(done),
         }
     )
+
+
+async def _collect(stream: TextStream) -> tuple[list[str], p.TextDone]:
+    text: list[str] = []
+    async for ev in stream.iter_events():
+        if isinstance(ev, p.TextDelta):
+            text.append(ev.text)
+        else:
+            return text, ev
+    raise AssertionError("a text stream ends with its TextDone")
 
 
 def _abort_soon(stream: TextStream) -> None:

@@ -370,7 +370,7 @@ def test_a_prompt_longer_than_the_context_is_a_400_context_length_exceeded(
 
 
 @pytest.mark.slow
-async def test_a_client_that_disconnects_mid_stream_leaves_no_request_behind(
+async def test_a_client_that_disconnects_mid_request_leaves_no_request_behind(
     torch_server: ServerProcess,
 ) -> None:
     aborted_before = _health(torch_server)["text_requests_aborted"]
@@ -407,6 +407,21 @@ async def test_a_client_that_disconnects_mid_stream_leaves_no_request_behind(
     assert eng["text_requests_active"] == 0 and eng["text_requests"] == 0, eng
     assert eng["thinker_sessions"] == 0, eng
     assert eng["text_requests_aborted"] == aborted_before + 1, eng
+
+    # Non-streamed: a client that gives up before the reply is whole (a 1 s timeout) aborts it too.
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=1.0)) as http:
+        with contextlib.suppress(httpx.TimeoutException):
+            await http.post(
+                torch_server.url + "/v1/chat/completions", json={**body, "stream": False}, headers=_headers()
+            )
+            pytest.fail("the 1,500-token reply came back within 1 s")
+    deadline = time.monotonic() + 5
+    eng = _health(torch_server)
+    while time.monotonic() < deadline and eng["text_requests_active"]:
+        await asyncio.sleep(0.05)
+        eng = _health(torch_server)
+    assert eng["text_requests_active"] == 0 and eng["thinker_sessions"] == 0, eng
+    assert eng["text_requests_aborted"] == aborted_before + 2, eng
 
 
 @pytest.mark.slow
