@@ -24,7 +24,9 @@ from livekit.agents import Agent, AgentSession, llm
 from livekit.plugins import openai as lk_openai
 from openai import AsyncOpenAI
 
-from engine_bridge.adapters.cascade.text import StopMatcher
+from engine_bridge import protocol as p
+from engine_bridge.adapters.cascade.text import StopMatcher, TextCompletions
+from engine_bridge.text import TextRefused, TextRequest
 from livekit_omni.live import wire
 from livekit_omni.testing.live_client import LiveClient
 from tests.conftest import ServerProcess, start_server
@@ -227,6 +229,102 @@ def test_stop_matcher_holds_back_a_possible_stop_and_cuts_at_it() -> None:
     assert not m.hit
     assert m.push("th\n") == "th\n" and m.flush() == ""
     assert StopMatcher([]).push("anything") == "anything"
+
+
+# --- fast: the scheduler's text driver on a tiny random-weight thinker ------------------------------------------
+
+
+@pytest.fixture
+def tiny_thinker() -> Iterator[Any]:
+    """A torch thinker on a random-weight model with the real tokenizer (chat template and stop ids are real):
+    the text driver's scheduling and bookkeeping do not depend on what the weights say."""
+    from engine_bridge.thinker.model_store import build_tiny_random, load_tokenizer
+    from engine_bridge.thinker.torch_backend import TorchThinker, TorchThinkerConfig
+
+    th = TorchThinker(
+        TorchThinkerConfig(model="tiny-random", max_sessions=4, max_context_tokens=256),
+        loaded=build_tiny_random(load_tokenizer(), seed=0),
+    )
+    yield th
+    for sid in th.session_ids():
+        th.close(sid)
+
+
+def _request(rid: str, text: str = "Hello there.", **sampling: Any) -> tuple[TextRequest, list[Any]]:
+    events: list[Any] = []
+    req = TextRequest(
+        rid,
+        owner_id=1,
+        messages=[p.TextMessage(role="user", text=text)],
+        sampling=p.TextSampling(temperature=0.0, **sampling),
+        emit=events.append,
+    )
+    return req, events
+
+
+def _driver(th: Any, *, voice_slots: int = 1, voice_open: int = 0) -> TextCompletions:
+    return TextCompletions(
+        th, voice_slots=voice_slots, voice_open=lambda: voice_open, model_name="tiny", on_change=lambda: None
+    )
+
+
+def test_text_waits_while_voice_is_busy_and_runs_when_it_is_not(tiny_thinker: Any) -> None:
+    texts = _driver(tiny_thinker)
+    req, events = _request("a", max_tokens=5)
+    texts.submit(req)
+    for _ in range(3):
+        texts.step(voice_busy=True)
+    assert not req.admitted.done() and tiny_thinker.session_ids() == []  # no prefill ahead of voice
+    texts.step(voice_busy=False)
+    started = req.admitted.result(0)
+    # The same step admitted it and decoded its first token: the prompt ends where the reply's content starts.
+    assert started.prompt_tokens == tiny_thinker.log("text:a").segments[-1].content_start
+    assert started.max_tokens == 5
+    steps_before = sum(isinstance(e, p.TextDelta) for e in events)
+    texts.step(voice_busy=True)  # a running request does not step while voice is busy either
+    assert sum(isinstance(e, p.TextDelta) for e in events) == steps_before
+    while texts.has_work():
+        texts.step(voice_busy=False)
+    done = events[-1]
+    assert isinstance(done, p.TextDone) and done.finish_reason in ("length", "stop"), events
+    assert done.completion_tokens <= 5 and req.closed.done()
+    assert tiny_thinker.session_ids() == []  # closed as it ended: its KV is free
+
+
+def test_abort_frees_the_request_even_while_voice_is_busy(tiny_thinker: Any) -> None:
+    texts = _driver(tiny_thinker)
+    req, events = _request("b", max_tokens=100)
+    texts.submit(req)
+    texts.step(voice_busy=False)
+    assert req.admitted.result(0) and tiny_thinker.session_ids() == ["text:b"]
+    req.abort_requested.set()
+    texts.step(voice_busy=True)
+    assert tiny_thinker.session_ids() == [] and texts.aborted == 1 and not texts.has_work()
+    assert isinstance(events[-1], p.TextDone) and events[-1].finish_reason == "abort"
+
+
+def test_text_never_takes_a_slot_a_voice_session_could_claim(tiny_thinker: Any) -> None:
+    # The thinker holds 4 sessions; with 3 voice slots (none open yet) text gets exactly one.
+    texts = _driver(tiny_thinker, voice_slots=3)
+    first, _ = _request("c", max_tokens=50)
+    second, _ = _request("d", max_tokens=50)
+    texts.submit(first)
+    texts.submit(second)
+    texts.step(voice_busy=False)
+    assert first.admitted.result(0)
+    with pytest.raises(TextRefused) as info:
+        second.admitted.result(0)
+    assert info.value.code == p.ErrorCode.CAPACITY_EXCEEDED
+
+
+def test_a_prompt_that_leaves_no_room_is_refused_as_context_length(tiny_thinker: Any) -> None:
+    texts = _driver(tiny_thinker)
+    req, _ = _request("e", text="word " * 400)  # the context is 256 tokens
+    texts.submit(req)
+    texts.step(voice_busy=False)
+    with pytest.raises(TextRefused) as info:
+        req.admitted.result(0)
+    assert info.value.code == p.ErrorCode.CONTEXT_LENGTH_EXCEEDED and tiny_thinker.session_ids() == []
 
 
 # --- slow: real cascade servers ------------------------------------------------------------------------------
