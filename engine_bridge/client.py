@@ -30,6 +30,48 @@ def new_session_id() -> str:
     return "sess_" + secrets.token_hex(12)
 
 
+def new_text_id() -> str:
+    return "text_" + secrets.token_hex(12)
+
+
+class TextStream:
+    """One text request (chat completion): its admission result, then its events until :class:`TextDone`.
+
+    Its events are registered before StartText is sent (tokens may arrive before the reply). :meth:`abort` ends it
+    in the engine (KV freed) and is what the HTTP side calls when its client goes away; idempotent, never raises.
+    """
+
+    def __init__(self, client: EngineClient, request_id: str) -> None:
+        self.client = client
+        self.id = request_id
+        self.events: asyncio.Queue[p.TextEvent] = asyncio.Queue()
+        self.started: p.TextStarted | None = None
+        self.done: p.TextDone | None = None
+
+    async def iter_events(self) -> AsyncIterator[p.TextDelta | p.TextDone]:
+        """Deltas, then the final TextDone (yielded too)."""
+        while True:
+            ev = await self.events.get()
+            yield ev
+            if isinstance(ev, p.TextDone):
+                return
+
+    async def abort(self, *, timeout: float = 5.0) -> None:
+        if self.done is None and not self.client.lost:
+            with contextlib.suppress(EngineLostError, EngineRequestError, TimeoutError, Exception):
+                await self.client.request(p.AbortText(req_id=0, request_id=self.id), timeout=timeout)
+        self._finish()
+
+    def _deliver(self, ev: p.TextEvent) -> None:
+        self.events.put_nowait(ev)  # bounded by the request's max_tokens
+        if isinstance(ev, p.TextDone):
+            self.done = ev
+            self._finish()
+
+    def _finish(self) -> None:
+        self.client.texts.pop(self.id, None)
+
+
 class EngineSession:
     """One open session: its rings (owned here), its event stream and its commands."""
 
@@ -109,6 +151,8 @@ class EngineClient:
     def __init__(self, address: Address) -> None:
         self.address = address
         self.sessions: dict[str, EngineSession] = {}
+        self.texts: dict[str, TextStream] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self.lost = False
         self._control: ControlClient | None = None
         self._lost_event = asyncio.Event()
@@ -191,6 +235,38 @@ class EngineClient:
         session.idle_ttl_s = opened.idle_ttl_s
         return session
 
+    async def start_text(
+        self, messages: list[p.TextMessage], sampling: p.TextSampling, *, timeout: float = 60.0
+    ) -> TextStream:
+        """Start a text request on the engine's thinker. Raises EngineRequestError (``capacity_exceeded``,
+        ``context_length_exceeded``, ``unsupported``, ...) or EngineLostError. The reply comes after the
+        prompt's prefill, which may wait behind voice work: hence the longer timeout."""
+        stream = TextStream(self, new_text_id())
+        self.texts[stream.id] = stream  # registered first: events may arrive before the reply
+        try:
+            stream.started = await self.call(
+                p.StartText(req_id=0, request_id=stream.id, messages=messages, sampling=sampling),
+                p.TextStarted,
+                timeout=timeout,
+            )
+        except EngineRequestError:
+            stream._finish()  # refused: nothing runs in the engine
+            raise
+        except BaseException:
+            # Cancelled or timed out while waiting for admission: the engine may still start it, so abort it
+            # (in a task of its own: this one is being cancelled).
+            stream._finish()
+            if not self.lost:
+                task = asyncio.get_running_loop().create_task(self._abort_quietly(stream.id))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            raise
+        return stream
+
+    async def _abort_quietly(self, request_id: str) -> None:
+        with contextlib.suppress(Exception):
+            await self.request(p.AbortText(req_id=0, request_id=request_id), timeout=5.0)
+
     async def close(self) -> None:
         for session in list(self.sessions.values()):
             await session.close("client_shutdown", timeout=2.0)
@@ -199,7 +275,12 @@ class EngineClient:
         if self._bell is not None:
             self._bell.close()
 
-    def _on_event(self, ev: p.SessionEvent) -> None:
+    def _on_event(self, ev: p.SessionEvent | p.TextEvent) -> None:
+        if isinstance(ev, p.TextDelta | p.TextDone):
+            stream = self.texts.get(ev.request_id)
+            if stream is not None:
+                stream._deliver(ev)
+            return
         session = self.sessions.get(ev.session_id)
         if session is None:
             return
@@ -226,3 +307,13 @@ class EngineClient:
             with contextlib.suppress(asyncio.QueueFull):
                 session.events.put_nowait(p.SessionClosed(session_id=session.id, reason="engine_lost"))
             session._finish("engine_lost")
+        for stream in list(self.texts.values()):
+            stream._deliver(
+                p.TextDone(
+                    request_id=stream.id,
+                    finish_reason="error",
+                    prompt_tokens=stream.started.prompt_tokens if stream.started else 0,
+                    completion_tokens=0,
+                    error="the engine process stopped",
+                )
+            )

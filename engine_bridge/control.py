@@ -238,7 +238,7 @@ class ControlServer:
 
 # --- serving side -----------------------------------------------------------------------------------------------
 
-EventCallback = Callable[[p.SessionEvent], None]
+EventCallback = Callable[[p.SessionEvent | p.TextEvent], None]
 R = TypeVar("R", bound=p.ReplyResult)
 
 

@@ -38,6 +38,7 @@ from engine_bridge.doorbell import Doorbell
 from engine_bridge.ring import NATIVE as RING_NATIVE
 from engine_bridge.ring import RingError, RingPair, remove_orphan_segments
 from engine_bridge.session import DuplexSession, InterruptRequest, MuteChange, TextAppend, WrittenAudio
+from engine_bridge.text import TextRefused, TextRequest
 
 log = logging.getLogger("engine_bridge.engine")
 
@@ -125,6 +126,10 @@ class Engine:
         self.started_at = time.monotonic()
         self.audio_tick_overruns = 0
         self.doorbell: Doorbell | None = None
+        #: Text requests not finished yet, by request id (event loop only); the counters are /health's.
+        self.texts: dict[str, TextRequest] = {}
+        self.texts_started = 0
+        self.texts_rejected = 0
         # Workers of the adapter (ASR, TTS) wake the scheduler when their results land in a mailbox.
         self.adapter.wake = self._wake
 
@@ -207,6 +212,10 @@ class Engine:
             "doorbell": str(self.doorbell.path) if self.doorbell else "",
             "ring_native": RING_NATIVE,  # the ingress ring's per-frame path is the C core (else pure Python)
             "audio_tick_overruns": self.audio_tick_overruns,
+            "text_requests_active": len(self.texts),
+            "text_requests_started": self.texts_started,
+            "text_requests_rejected": self.texts_rejected,
+            "max_text_requests": self.settings.thinker.max_text_requests,
             **self.adapter.describe(),
         }
 
@@ -229,6 +238,11 @@ class Engine:
                 return await self._open(conn, cmd)
             case p.GetStats() if not cmd.session_id:
                 return p.Reply(req_id=cmd.req_id, result=p.EngineHealth.from_fields(self.health()))
+            case p.StartText():
+                return await self._start_text(conn, cmd)
+            case p.AbortText():
+                await self._abort_text(cmd.request_id)
+                return p.Reply(req_id=cmd.req_id)
         session = self.manager.get(cmd.session_id)
         if session is None or session.closing:
             return p.ErrorReply(
@@ -303,6 +317,70 @@ class Engine:
             result=p.SessionOpened(session_id=session.id, epoch=session.epoch, idle_ttl_s=ttl),
         )
 
+    # --- text requests (event loop) ---------------------------------------------------------------------------
+    async def _start_text(self, conn: ServerConnection, cmd: p.StartText) -> p.Reply | p.ErrorReply:
+        """Admission of a text request: refused at once when the engine is not ready or the text budget is full
+        (no queue: the HTTP side answers 429), else handed to the adapter; the reply waits for its prefill."""
+
+        def refuse(code: str, message: str) -> p.ErrorReply:
+            self.texts_rejected += 1
+            return p.ErrorReply(req_id=cmd.req_id, code=code, message=message)
+
+        if not self.adapter.caps.text_completions:
+            return refuse(p.ErrorCode.UNSUPPORTED, f"the {self.adapter.name!r} adapter does not run text")
+        if self.state != "ready":
+            return refuse(p.ErrorCode.ENGINE_LOADING, f"engine is {self.state}")
+        if cmd.request_id in self.texts:
+            return refuse(p.ErrorCode.INVALID_REQUEST, f"text request {cmd.request_id!r} is already running")
+        limit = self.settings.thinker.max_text_requests
+        if len(self.texts) >= limit:
+            return refuse(
+                p.ErrorCode.CAPACITY_EXCEEDED, f"{limit} text requests are running; try again later"
+            )
+        try:
+            req = TextRequest(cmd.request_id, conn.id, cmd.messages, cmd.sampling, self._text_emitter(conn))
+            self.adapter.submit_text(req)
+        except TextRefused as e:
+            return refuse(e.code, str(e))
+        except ValueError as e:
+            return refuse(p.ErrorCode.INVALID_REQUEST, str(e))
+        self.texts[req.request_id] = req
+        req.closed.add_done_callback(lambda _: self._call_soon(self.texts.pop, req.request_id, None))
+        self._wake.set()
+        try:
+            started = await asyncio.wrap_future(req.admitted)
+        except TextRefused as e:
+            return refuse(e.code, str(e))
+        except asyncio.CancelledError:
+            req.abort_requested.set()
+            self._wake.set()
+            raise
+        self.texts_started += 1
+        return p.Reply(req_id=cmd.req_id, result=started)
+
+    async def _abort_text(self, request_id: str) -> None:
+        """End a text request now; returns once its thinker session is closed (its KV freed)."""
+        req = self.texts.get(request_id)
+        if req is None:
+            return
+        req.abort_requested.set()
+        self._wake.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.wrap_future(req.closed), 10.0)
+
+    def _call_soon(self, fn: Any, *args: Any) -> None:
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                loop.call_soon_threadsafe(fn, *args)
+
+    def _text_emitter(self, conn: ServerConnection):
+        def emit(ev: p.TextEvent) -> None:
+            if not conn.closed:
+                self._call_soon(conn.send, ev)
+
+        return emit
+
     async def _close_session(self, session: DuplexSession, reason: str) -> None:
         if session.closing:
             return
@@ -356,6 +434,9 @@ class Engine:
             )
         for s in orphans:
             asyncio.get_running_loop().create_task(self._close_session(s, "client_gone"))
+        for req in [r for r in self.texts.values() if r.owner_id == conn.id]:
+            req.abort_requested.set()  # the scheduler ends it at its next pass and frees its KV
+            self._wake.set()
 
     async def _reap_idle(self) -> None:
         while not self._stop.is_set():
@@ -447,7 +528,7 @@ class Engine:
                 self._drain_mailbox(s)
             live = [s for s in self.manager.snapshot() if not s.closing and s.adapter_state is not None]
             worked = False
-            if live:
+            if live or self.adapter.has_text_work():
                 try:
                     worked = self.adapter.step(live)
                 except Exception:

@@ -128,7 +128,60 @@ class GetStats(_Msg):
     session_id: str = ""
 
 
-Command = Hello | Ping | OpenSession | AppendText | SetMute | Interrupt | Touch | CloseSession | GetStats
+# --- text requests (chat completions on the thinker) ------------------------------------------------------------
+#
+# A text request is a short-lived thinker conversation, not a session: no rings, no audio, its own id namespace
+# (``request_id``). StartText is answered once the engine has admitted it and prefilled its prompt (or refused
+# it: ErrorReply with CAPACITY_EXCEEDED, CONTEXT_LENGTH_EXCEEDED, UNSUPPORTED, INVALID_REQUEST); its tokens then
+# arrive as TextDelta events and it ends with exactly one TextDone. AbortText (or the client's connection closing)
+# ends it at once and frees its KV.
+
+
+class TextMessage(msgspec.Struct, kw_only=True):
+    """One chat message of a text request (rendered with the voice sessions' chat template)."""
+
+    role: Literal["system", "developer", "user", "assistant"]
+    text: str
+
+
+class TextSampling(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How a text request is decoded. ``max_tokens`` None: up to the context limit."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    #: Generation stops before the first of these strings (which is not returned).
+    stop: list[str] = msgspec.field(default_factory=list)
+
+
+class StartText(_Msg):
+    req_id: int
+    request_id: str
+    messages: list[TextMessage]
+    sampling: TextSampling = msgspec.field(default_factory=TextSampling)
+
+
+class AbortText(_Msg):
+    """Stop a text request now (the HTTP client went away); its KV is freed before the reply."""
+
+    req_id: int
+    request_id: str
+
+
+Command = (
+    Hello
+    | Ping
+    | OpenSession
+    | AppendText
+    | SetMute
+    | Interrupt
+    | Touch
+    | CloseSession
+    | GetStats
+    | StartText
+    | AbortText
+)
 
 
 # --- replies (engine -> client) --------------------------------------------------------------------------------
@@ -254,7 +307,43 @@ class SessionStats(_Result, kw_only=True):
         return msgspec.convert({**known, "extra": extra}, cls)
 
 
-ReplyResult = Ack | EngineHealth | SessionOpened | TextAppended | MuteSet | Interrupted | SessionStats
+# --- text requests: results and events (see the text request commands above) ------------------------------------
+
+
+class TextStarted(_Result, kw_only=True):
+    request_id: str
+    #: Tokens the model read before its first output token (chat template and generation prompt included).
+    prompt_tokens: int
+    #: Of those, tokens whose KV was reused from a cache instead of computed.
+    cached_tokens: int = 0
+    #: The completion limit in force (the request's, or what the context leaves).
+    max_tokens: int
+    #: The thinker's model, as /v1/models names it.
+    model: str = ""
+
+
+class TextDelta(_Msg):
+    request_id: str
+    text: str
+    #: Tokens generated so far (this delta's included).
+    completion_tokens: int
+
+
+TextFinish = Literal["stop", "length", "abort", "error"]
+
+
+class TextDone(_Msg):
+    request_id: str
+    finish_reason: TextFinish
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    error: str = ""
+
+
+ReplyResult = (
+    Ack | EngineHealth | SessionOpened | TextAppended | MuteSet | Interrupted | SessionStats | TextStarted
+)
 
 #: The result type each command's :class:`Reply` carries. GetStats answers EngineHealth without a session.
 RESULT_OF: Final[dict[type[Command], type[ReplyResult]]] = {
@@ -267,6 +356,8 @@ RESULT_OF: Final[dict[type[Command], type[ReplyResult]]] = {
     Touch: Ack,
     CloseSession: Ack,
     GetStats: SessionStats,
+    StartText: TextStarted,
+    AbortText: Ack,
 }
 
 
@@ -286,6 +377,11 @@ class ErrorCode(enum.StrEnum):
     TIMEOUT = "timeout"
     ENGINE_LOST = "engine_lost"
     INTERNAL = "internal_error"
+    #: Text requests (StartText): the text budget or the thinker's KV budget is full; the prompt is too long;
+    #: the adapter has no text completions.
+    CAPACITY_EXCEEDED = "capacity_exceeded"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    UNSUPPORTED = "unsupported"
 
 
 class ErrorReply(_Msg):
@@ -406,4 +502,6 @@ SessionEvent = (
     | SessionClosed
 )
 
-EngineMessage = Reply | ErrorReply | SessionEvent
+TextEvent = TextDelta | TextDone
+
+EngineMessage = Reply | ErrorReply | SessionEvent | TextEvent

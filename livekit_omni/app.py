@@ -1,4 +1,5 @@
-"""The HTTP/WebSocket application: /health, /v1/models, /metrics, the static frontend, and the Live facade routes.
+"""The HTTP/WebSocket application: /health, /v1/models, /v1/chat/completions, /metrics, the static frontend, and
+the Live facade routes.
 
 Auth (:mod:`livekit_omni.auth`): with API keys configured, every endpoint but /health and the static page needs
 ``Authorization: Bearer``; HTTP requests without a valid key get 401, WebSocket upgrades are checked by the facade.
@@ -22,6 +23,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from livekit_omni.auth import AuthMiddleware
+from livekit_omni.chat import routes as chat_routes
 from livekit_omni.live.routes import routes as live_routes
 from livekit_omni.metrics import Metrics
 from livekit_omni.settings import Settings
@@ -41,15 +43,25 @@ async def health(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
+    """The server's model, and the engine's thinker (what /v1/chat/completions runs on) with its context size."""
     settings: Settings = request.app.state.settings
-    return JSONResponse(
-        {
-            "object": "list",
-            "data": [
-                {"id": settings.model_name, "object": "model", "created": 0, "owned_by": "livekit-omni"}
-            ],
-        }
-    )
+    sup: EngineSupervisor = request.app.state.supervisor
+    data: list[dict[str, object]] = [
+        {"id": settings.model_name, "object": "model", "created": 0, "owned_by": "livekit-omni"}
+    ]
+    thinker = sup.engine_info.get("thinker")
+    if isinstance(thinker, dict) and thinker.get("model"):
+        data.append(
+            {
+                "id": Path(str(thinker["model"])).name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "livekit-omni",
+                "max_model_len": thinker.get("max_model_len"),
+                "backend": thinker.get("backend"),
+            }
+        )
+    return JSONResponse({"object": "list", "data": data})
 
 
 async def metrics(request: Request) -> Response:
@@ -90,6 +102,7 @@ def create_app(settings: Settings, *, supervisor: EngineSupervisor | None = None
         Route("/", index),
     ]
     routes += live_routes()
+    routes += chat_routes()
     if FRONTEND_DIR.is_dir():
         routes.append(Mount("/static", StaticFiles(directory=FRONTEND_DIR), name="static"))
     app = Starlette(

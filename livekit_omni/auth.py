@@ -67,6 +67,7 @@ class AuthMiddleware:
                         "type": "invalid_request_error",
                         "code": "invalid_api_key",
                         "message": "missing or invalid API key",
+                        "param": None,
                     }
                 },
                 status_code=401,

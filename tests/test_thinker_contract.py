@@ -362,6 +362,25 @@ def test_reporting_prefill_only_new_tokens(th: ThinkerBackend) -> None:
     assert th.stats("a").trims == 0
 
 
+def test_prompt_length_is_what_a_reply_reads_first(th: ThinkerBackend) -> None:
+    """Text requests size a prompt before opening it (to refuse one that does not fit): ``prompt_length`` must be
+    the log ``open`` builds plus the assistant header ``begin_reply`` adds, and the footer the reply's reserve."""
+    history = [
+        Message("user", "What is the capital of France?"),
+        Message("assistant", "Paris."),
+        Message("user", "And Spain?"),
+    ]
+    for instructions in ("Be brief.", None):
+        sid = f"p{instructions is None}"
+        expected = th.prompt_length(instructions, history)
+        th.open(sid, instructions, history)
+        assert th.stats(sid).prefill_tokens_last_append == len(th.log(sid))
+        tokens = reply_tokens(th, sid, decoding=DecodingSettings(max_tokens=6, ignore_eos=True))
+        assert len(tokens) == 6 and len(th.log(sid)) == expected + len(tokens)
+        th.end_reply(sid)
+        assert len(th.log(sid)) == expected + len(tokens) + th.reply_footer_length()
+
+
 def test_deferred_append_is_computed_with_the_reply(make: Factory) -> None:
     eager, lazy = make(), make()
     for th in (eager, lazy):

@@ -13,8 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from engine_bridge import protocol as p
 from engine_bridge.config import EngineSettings
 from engine_bridge.session import DuplexSession
+from engine_bridge.text import TextRefused, TextRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +26,9 @@ class AdapterCaps:
     #: The conversation state survives barge-in (KV lease with rollback).
     resident_kv: bool
     exact_rollback: bool
+    #: Text requests (/v1/chat/completions) run on the adapter's LLM: ``submit_text`` accepts them and ``step``
+    #: advances them after the voice sessions' work.
+    text_completions: bool = False
 
 
 class ModelAdapter(ABC):
@@ -64,3 +69,14 @@ class ModelAdapter(ABC):
     def step(self, sessions: list[DuplexSession]) -> bool:
         """One round of model work for every session that has some (batched where the model allows).
         Returns True if any work was done, so the scheduler knows whether to idle."""
+
+    # --- text requests (only adapters with ``caps.text_completions``) ---------------------------------------
+    def submit_text(self, request: TextRequest) -> None:
+        """Queue a text request (any thread). The scheduler thread admits it in a later :meth:`step` and
+        resolves ``request.admitted``. Default: refused, this adapter has no LLM to run text on."""
+        raise TextRefused(p.ErrorCode.UNSUPPORTED, f"the {self.name!r} adapter does not run text completions")
+
+    def has_text_work(self) -> bool:
+        """True while text requests are queued or running (the scheduler steps the adapter even with no
+        session open)."""
+        return False

@@ -48,6 +48,8 @@ def make_thinker(settings: EngineSettings) -> ThinkerBackend:
     decoding = dataclasses.replace(SPOKEN_DECODING, max_tokens=t.max_reply_tokens)
     system_prompt = t.system_prompt or DEFAULT_SYSTEM_PROMPT
     cache_dir = str(settings.cache_dir / "models")
+    # Voice sessions and text requests share the thinker: text gets its own slots beyond the voice sessions'.
+    sessions = settings.max_sessions + t.max_text_requests
     if t.backend == "vllm":
         from .vllm_backend import VllmThinker, VllmThinkerConfig
 
@@ -57,7 +59,7 @@ def make_thinker(settings: EngineSettings) -> ThinkerBackend:
                 dtype=t.dtype,
                 device=device,
                 max_context_tokens=t.max_model_len,
-                max_sessions=settings.max_sessions,
+                max_sessions=sessions,
                 system_prompt=system_prompt,
                 decoding=decoding,
                 cache_dir=cache_dir,
@@ -78,7 +80,7 @@ def make_thinker(settings: EngineSettings) -> ThinkerBackend:
             device=device,
             threads=settings.threads,
             max_context_tokens=t.max_model_len,
-            max_sessions=settings.max_sessions,
+            max_sessions=sessions,
             system_prompt=system_prompt,
             decoding=decoding,
             cache_dir=cache_dir,

@@ -255,6 +255,7 @@ class TorchThinker(LogBackedThinker[_Session]):
         self.config = cfg = config or TorchThinkerConfig()
         self.max_context_tokens = cfg.max_context_tokens
         self.trim_to_fraction = cfg.trim_to_fraction
+        self.system_prompt = cfg.system_prompt
         # Once, here: the engine owns the process's thread budget and the thinker gets its share.
         torch.set_num_threads(cfg.threads)
         self.loaded = loaded or load_model(cfg.model, dtype=cfg.dtype, cache_dir=cfg.cache_dir)

@@ -266,6 +266,8 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
     #: Longest log a session keeps, and how far a trim cuts (fraction of it).
     max_context_tokens: int
     trim_to_fraction: float
+    #: The system segment of a session opened without instructions.
+    system_prompt: str
     _sessions: dict[str, S]
 
     def _get(self, sid: str) -> S:
@@ -365,6 +367,16 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
             trims=sess.trims,
             memory_bytes=memory,
         )
+
+    def prompt_length(self, instructions: str | None, history: Sequence[Message]) -> int:
+        system = (instructions or "").strip() or self.system_prompt
+        n = len(self.fmt.encode_message("system", system).tokens)
+        for msg in history:
+            n += len(self.fmt.encode_message(msg.role, msg.text.strip()).tokens)
+        return n + len(self.fmt.reply_header)
+
+    def reply_footer_length(self) -> int:
+        return len(self.fmt.reply_footer)
 
     def log(self, sid: str) -> LogSnapshot:
         return self._get(sid).log.snapshot()

@@ -344,6 +344,7 @@ class VllmThinker(LogBackedThinker[_Session]):
         self.config = cfg = config or VllmThinkerConfig()
         self.max_context_tokens = cfg.max_context_tokens
         self.trim_to_fraction = cfg.trim_to_fraction
+        self.system_prompt = cfg.system_prompt
         self.engine = engine or VllmEngine(cfg)
         self._owns_engine = engine is None
         if cfg.max_context_tokens > self.engine.max_model_len:

@@ -28,12 +28,15 @@ import concurrent.futures
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from engine_bridge import protocol as p
 from engine_bridge.adapters.base import AdapterCaps, ModelAdapter
+from engine_bridge.adapters.cascade.text import TEXT_SID_PREFIX, TextCompletions
 from engine_bridge.adapters.cascade.turns import CascadeSessionState, TurnMachine, cascade_state, watch_audio
 from engine_bridge.adapters.cascade.workers import AsrWorker, TtsWorker
 from engine_bridge.config import EngineSettings
@@ -42,6 +45,7 @@ from engine_bridge.session import DuplexSession
 from engine_bridge.speech.asr import Transcriber, make_transcriber
 from engine_bridge.speech.tts import Synthesizer, make_synthesizer
 from engine_bridge.speech.vad import TurnDetector, VADEngine, VADSettings, use_silero_providers
+from engine_bridge.text import TextRefused, TextRequest
 from engine_bridge.thinker.base import Message, ThinkerBackend
 from engine_bridge.thinker.factory import make_thinker, spoken_examples
 
@@ -62,7 +66,7 @@ class CascadeModels:
 
 class CascadeAdapter(ModelAdapter):
     name = "cascade"
-    caps = AdapterCaps(owns_turn_taking=False, resident_kv=True, exact_rollback=True)
+    caps = AdapterCaps(owns_turn_taking=False, resident_kv=True, exact_rollback=True, text_completions=True)
 
     def __init__(self, settings: EngineSettings, models: CascadeModels | None = None) -> None:
         super().__init__(settings)
@@ -71,6 +75,7 @@ class CascadeAdapter(ModelAdapter):
         self.tts: Synthesizer | None = None
         self.thinker: ThinkerBackend | None = None
         self.machine: TurnMachine | None = None
+        self.text: TextCompletions | None = None
         self._kv_bytes = 0
         self._thinker_sessions = 0
         self._thinker_info: dict[str, Any] = {"backend": settings.thinker.backend}
@@ -112,7 +117,19 @@ class CascadeAdapter(ModelAdapter):
             first_clause_words=self.settings.turn_taking.first_clause_words,
             context_limit=self.settings.thinker.max_model_len,
         )
+        if self.settings.thinker.max_text_requests > 0:
+            self.text = TextCompletions(
+                thinker,
+                voice_slots=self.settings.max_sessions,
+                voice_open=self._voice_sessions_open,
+                model_name=Path(str(thinker.describe().get("model", ""))).name or self.settings.thinker.model,
+                on_change=self._refresh_kv,
+            )
         self._refresh_kv()
+
+    def _voice_sessions_open(self) -> int:
+        assert self.thinker is not None
+        return sum(not sid.startswith(TEXT_SID_PREFIX) for sid in self.thinker.session_ids())
 
     def _notify(self) -> None:
         if self.wake is not None:
@@ -128,6 +145,8 @@ class CascadeAdapter(ModelAdapter):
             "thinker": self._thinker_info,
             "kv_bytes": self._kv_bytes,
             "thinker_sessions": self._thinker_sessions,
+            "text_requests": self.text.running if self.text is not None else 0,
+            "text_requests_aborted": self.text.aborted if self.text is not None else 0,
         }
 
     def _refresh_kv(self) -> None:
@@ -189,4 +208,19 @@ class CascadeAdapter(ModelAdapter):
     def step(self, sessions: list[DuplexSession]) -> bool:
         assert self.machine is not None
         pairs = [(s, st) for s in sessions if (st := cascade_state(s)) is not None]
-        return self.machine.step(pairs)
+        worked = self.machine.step(pairs)  # voice first: its step never waits on text
+        if self.text is not None and self.text.has_work():
+            worked |= self.text.step(voice_busy=self.machine.voice_busy(pairs))
+        return worked
+
+    # --- text requests -----------------------------------------------------------------------------------------
+    def submit_text(self, request: TextRequest) -> None:
+        if self.text is None:
+            raise TextRefused(
+                p.ErrorCode.UNSUPPORTED, "text completions are off (engine.thinker.max_text_requests)"
+            )
+        self.text.submit(request)
+        self._notify()
+
+    def has_text_work(self) -> bool:
+        return self.text is not None and self.text.has_work()

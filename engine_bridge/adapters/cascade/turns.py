@@ -525,6 +525,19 @@ class TurnMachine:
         return written.samples if written.turn_id == r.turn_id else 0
 
     # --- model work ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def voice_busy(sessions: list[tuple[DuplexSession, CascadeSessionState]]) -> bool:
+        """True while some caller waits on the pipeline: a turn being transcribed, a reply generating, or a
+        reply whose first audio is not out yet. Text requests wait meanwhile (adapters/cascade/text.py)."""
+        for _, st in sessions:
+            r = st.reply
+            if r is None:
+                if st.turn is not None:
+                    return True
+            elif r.phase.is_generating or r.first_audio_wall is None:
+                return True
+        return False
+
     def step(self, sessions: list[tuple[DuplexSession, CascadeSessionState]]) -> bool:
         now = time.monotonic()
         generating: list[tuple[DuplexSession, CascadeSessionState, Reply]] = []
