@@ -45,6 +45,9 @@ class TurnTakingConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
     prefix_padding_ms: int | None = None
     silence_ms: int | None = None
     barge_in_min_ms: int | None = None
+    #: False: a caller turn is transcribed and kept in the conversation, but no reply starts until the client asks
+    #: (``AppendText(kind="respond")``); the Realtime dialect's ``create_response: false`` and manual mode.
+    auto_reply: bool | None = None
 
 
 class SessionConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -80,7 +83,7 @@ class OpenSession(_Msg):
     config: SessionConfig = msgspec.field(default_factory=SessionConfig)
 
 
-AppendKind = Literal["instructions", "thinking", "commentary", "speak_now"]
+AppendKind = Literal["instructions", "thinking", "commentary", "speak_now", "user", "assistant", "respond"]
 
 
 class AppendText(_Msg):
@@ -88,7 +91,11 @@ class AppendText(_Msg):
 
     * ``instructions``: standing developer instructions;
     * ``thinking``: silent context, no reply requested;
-    * ``commentary`` / ``speak_now``: the model replies now, without waiting for caller speech.
+    * ``commentary`` / ``speak_now``: the model replies now, without waiting for caller speech;
+    * ``user`` / ``assistant``: a typed message of that role (the Realtime dialect's ``conversation.item.create``),
+      no reply requested;
+    * ``respond``: the model replies now to the conversation as it stands, with no added prompt (the Realtime
+      dialect's ``response.create``).
     """
 
     req_id: int

@@ -234,7 +234,7 @@ class DuplexSession:
 
 @dataclass(frozen=True, slots=True)
 class TextAppend:
-    kind: str  # instructions | thinking | commentary | speak_now
+    kind: str  # a protocol AppendKind
     text: str
     at_ms: int
 

@@ -1,4 +1,5 @@
-"""The HTTP/WebSocket application: /health, /v1/models, /metrics, the static frontend, and the Live facade routes.
+"""The HTTP/WebSocket application: /health, /v1/models, /metrics, the static frontend, and the Live and Realtime
+facade routes.
 
 Auth (:mod:`livekit_omni.auth`): with API keys configured, every endpoint but /health and the static page needs
 ``Authorization: Bearer``; HTTP requests without a valid key get 401, WebSocket upgrades are checked by the facade.
@@ -24,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 from livekit_omni.auth import AuthMiddleware
 from livekit_omni.live.routes import routes as live_routes
 from livekit_omni.metrics import Metrics
+from livekit_omni.realtime.routes import routes as realtime_routes
 from livekit_omni.settings import Settings
 from livekit_omni.supervisor import EngineState, EngineSupervisor
 
@@ -90,6 +92,7 @@ def create_app(settings: Settings, *, supervisor: EngineSupervisor | None = None
         Route("/", index),
     ]
     routes += live_routes()
+    routes += realtime_routes()
     if FRONTEND_DIR.is_dir():
         routes.append(Mount("/static", StaticFiles(directory=FRONTEND_DIR), name="static"))
     app = Starlette(

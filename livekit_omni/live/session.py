@@ -161,27 +161,42 @@ class FixtureOverlay:
         )
 
 
+class HubSession(Protocol):
+    """What the hub needs of a facade session, whichever dialect it speaks (Live or Realtime)."""
+
+    id: str
+
+    def tick(self) -> None:
+        """Produce one 20 ms output frame (WebSocket sessions, from the hub's clock)."""
+
+    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]: ...
+
+    async def abort(self, code: str, message: str, *, close_code: int) -> None:
+        """End the session with an ``error`` (type ``server_error``) and close ``close_code``."""
+
+
 class LiveHub:
-    """The facade's shared state: open sessions (for metrics and graceful shutdown) and the 20 ms output clock."""
+    """The facade's shared state: open sessions of both dialects (for metrics and graceful shutdown) and the 20 ms
+    output clock."""
 
     def __init__(self, settings: Settings, supervisor: EngineSupervisor, metrics: Metrics) -> None:
         self.settings = settings
         self.supervisor = supervisor
         self.metrics = metrics
-        self.sessions: set[LiveSession] = set()
-        self._ticking: dict[LiveSession, None] = {}  # insertion-ordered set
+        self.sessions: set[HubSession] = set()
+        self._ticking: dict[HubSession, None] = {}  # insertion-ordered set
         self._clock_task: asyncio.Task[None] | None = None
         #: The shared output clock while it runs (its ``late``/``skipped`` counters show a loop that fell behind).
         self.pacer: Pacer | None = None
 
-    def add(self, s: LiveSession) -> None:
+    def add(self, s: HubSession) -> None:
         self.sessions.add(s)
 
-    def discard(self, s: LiveSession) -> None:
+    def discard(self, s: HubSession) -> None:
         self.sessions.discard(s)
         self._ticking.pop(s, None)
 
-    def start_ticking(self, s: LiveSession) -> None:
+    def start_ticking(self, s: HubSession) -> None:
         self._ticking[s] = None
         if self._clock_task is None or self._clock_task.done():
             self._clock_task = asyncio.create_task(self._clock(), name="live-output-clock")
@@ -196,30 +211,44 @@ class LiveHub:
                 except Exception:
                     log.exception("session %s: output tick failed; closing it", s.id)
                     self._ticking.pop(s, None)
-                    s.spawn(
-                        s.end(
-                            "connection_lost",
-                            code=CLOSE_INTERNAL,
-                            error=wire.error_event("internal_error", "output failed", type=wire.SERVER_ERROR),
-                        )
-                    )
+                    s.spawn(s.abort("internal_error", "output failed", close_code=CLOSE_INTERNAL))
 
     async def close_all(self) -> None:
         """Graceful shutdown: every open session gets an error and ``session.closed``, then close 1012."""
         sessions = list(self.sessions)
         await asyncio.gather(
             *(
-                s.end(
-                    "connection_lost",
-                    code=CLOSE_RESTART,
-                    error=wire.error_event(
-                        "server_shutdown", "the server is shutting down", type=wire.SERVER_ERROR
-                    ),
-                )
+                s.abort("server_shutdown", "the server is shutting down", close_code=CLOSE_RESTART)
                 for s in sessions
             ),
             return_exceptions=True,
         )
+
+
+async def open_engine_session(hub: LiveHub, cfg: p.SessionConfig, *, session_id: str) -> EngineSession:
+    """Open one engine session for a facade session of either dialect; refusals become a :class:`WireError`
+    with the code a client's retry policy keys on (``session_limit_reached`` and ``engine_unavailable``: try
+    again, close 1013), and are counted in ``rejected_sessions``."""
+    limits = hub.settings.limits
+
+    def refused(code: str, message: str) -> wire.WireError:
+        hub.metrics.rejected_sessions.labels(reason=code).inc()
+        return wire.WireError(code, message, type=wire.SERVER_ERROR)
+
+    try:
+        return await hub.supervisor.open_session(
+            cfg, session_id=session_id, ingress_seconds=max(4.0, limits.input_burst_s + 1.0)
+        )
+    except EngineUnavailableError as e:
+        raise refused("engine_unavailable", f"the engine is not available ({e}); try again shortly") from e
+    except EngineRequestError as e:
+        if e.code == p.ErrorCode.SESSION_LIMIT_REACHED:
+            raise refused("session_limit_reached", e.message) from e
+        if e.code == p.ErrorCode.ENGINE_LOADING:
+            raise refused("engine_unavailable", e.message) from e
+        raise refused("engine_error", f"the engine refused the session: {e.message}") from e
+    except (ControlError, TimeoutError) as e:
+        raise refused("engine_unavailable", f"the engine did not answer: {e}") from e
 
 
 def hub_of(app: Any) -> LiveHub:
@@ -476,30 +505,13 @@ class LiveSession:
             history=[p.ChatTurn(role=r, text=t) for r, t in cfg.history],  # type: ignore[arg-type]
             voice=cfg.voice_name,
         )
-        limits = self.settings.limits
         try:
-            self.engine = await self.hub.supervisor.open_session(
-                engine_cfg, session_id=self.id, ingress_seconds=max(4.0, limits.input_burst_s + 1.0)
-            )
-        except EngineUnavailableError as e:
-            raise self._refused(
-                "engine_unavailable", f"the engine is not available ({e}); try again shortly"
-            ) from e
-        except EngineRequestError as e:
-            if e.code == p.ErrorCode.SESSION_LIMIT_REACHED:
-                raise self._refused("session_limit_reached", e.message) from e
-            if e.code == p.ErrorCode.ENGINE_LOADING:
-                raise self._refused("engine_unavailable", e.message) from e
-            raise self._refused("engine_error", f"the engine refused the session: {e.message}") from e
-        except (ControlError, TimeoutError) as e:
-            raise self._refused("engine_unavailable", f"the engine did not answer: {e}") from e
+            self.engine = await open_engine_session(self.hub, engine_cfg, session_id=self.id)
+        except wire.WireError:
+            self.state = "closed"
+            raise
         self.bridge = SessionBridge(self.engine, self._on_engine_event)
         self.hub.add(self)
-
-    def _refused(self, code: str, message: str) -> wire.WireError:
-        self.state = "closed"
-        self.metrics.rejected_sessions.labels(reason=code).inc()
-        return wire.WireError(code, message, type=wire.SERVER_ERROR)
 
     def announce(self, *, client_event_id: str | None = None) -> None:
         """Send ``session.started`` and start the session's clocks (after the engine session is open)."""
@@ -829,3 +841,8 @@ class LiveSession:
     async def transport_closed(self) -> None:
         """The client went away (socket closed, peer failed): release everything, send nothing."""
         await self.end(None, code=CLOSE_NORMAL, notify=False)
+
+    async def abort(self, code: str, message: str, *, close_code: int) -> None:
+        await self.end(
+            "connection_lost", code=close_code, error=wire.error_event(code, message, type=wire.SERVER_ERROR)
+        )

@@ -130,7 +130,7 @@ class CallerTurn:
 class ContextNote:
     """Text for the conversation that waits until no reply runs (a reply's KV must not change under it)."""
 
-    role: Literal["user", "developer"]
+    role: Literal["user", "developer", "assistant"]
     text: str
 
 
@@ -147,6 +147,8 @@ class CascadeSessionState(AdapterState):
     detector: TurnDetector
     barge_in_min_ms: int
     speculative_ms: int
+    #: False: caller turns join the conversation without a reply (the client asks for replies).
+    auto_reply: bool = True
     #: Audio thread only.
     watch: CallerTurnWatch = field(default_factory=CallerTurnWatch)
     # --- scheduler thread only ---
@@ -372,10 +374,13 @@ class TurnMachine:
             return
         if turn.phase.confirmed:
             self._emit_input(session, st, turn)
-        if st.reply is not None:
-            # A reply is still running (commentary, or the caller's short turn during speech): just log the
-            # caller's words once the reply ends.
+        if st.reply is not None or not st.auto_reply:
+            # A reply is still running (commentary, or the caller's short turn during speech), or the client asks
+            # for replies itself: just log the caller's words (once no reply runs).
             st.pending.append(ContextNote("user", text))
+            if st.reply is None:
+                self._flush_context(session, st)
+                session.set_state(p.SessionState.LISTENING)
             return
         self._start_reply(session, st, user_text=text, turn=turn)
 
@@ -383,6 +388,11 @@ class TurnMachine:
         if msg.kind in ("instructions", "thinking"):
             if msg.text:
                 st.pending.append(ContextNote("developer", msg.text))
+        elif msg.kind in ("user", "assistant"):
+            if msg.text:
+                st.pending.append(ContextNote("user" if msg.kind == "user" else "assistant", msg.text))
+        elif msg.kind == "respond":
+            st.pending.append(SpeakRequest())
         else:
             prompt = COMMENTARY_PROMPT + msg.text if msg.text else SPEAK_NOW_PROMPT
             st.pending.append(ContextNote("developer", prompt))

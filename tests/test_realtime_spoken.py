@@ -1,0 +1,353 @@
+"""Spoken exchanges in the OpenAI Realtime dialect with the REAL engine (cascade: VAD → ASR → SmolLM2 → Piper).
+
+The embedded models are needed: turns, transcripts, replies and barge-in come from them (the loopback fixture has
+none of these). The clients are stock ones: the openai SDK's ``client.realtime.connect()`` and LiveKit's
+``openai.realtime.RealtimeModel`` inside a real ``AgentSession`` (in-memory audio, tests/plugin_harness.py). The
+caller's speech is Piper-synthesized (tests/speech_fixtures.py). Every server event the SDK tests receive is
+validated against the SDK's ``RealtimeServerEvent`` union in strict mode (tests/realtime_checks.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from livekit.agents import Agent, AgentSession
+from livekit.plugins.openai.realtime import RealtimeModel
+from openai import AsyncOpenAI
+
+from engine_bridge import protocol as p
+from engine_bridge.client import EngineClient
+from tests.conftest import ServerProcess, start_server
+from tests.plugin_harness import Mic, Speaker, words
+from tests.realtime_checks import ServerEventLog
+from tests.speech_fixtures import synthesize_speech
+
+pytestmark = pytest.mark.slow
+
+API_KEY = "sk-test"
+QUESTION = "What is the capital of France?"
+INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
+
+
+@pytest.fixture(scope="module")
+def cascade_server() -> Iterator[ServerProcess]:
+    s = start_server(adapter="cascade", env={"LIVEKIT_OMNI_API_KEYS": json.dumps([API_KEY])})
+    yield s
+    s.stop()
+
+
+async def engine_log(server: ServerProcess, session_id: str) -> list[p.LogEntry]:
+    client = await EngineClient.connect("unix:" + server.socket_path)
+    try:
+        return (await client.session_stats(session_id)).log
+    finally:
+        await client.close()
+
+
+class SdkCaller:
+    """The openai SDK's Realtime connection, a microphone task at real time, and the log of every event."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.log = ServerEventLog()
+        self.mic: asyncio.Queue[np.ndarray] = asyncio.Queue()
+        self.audio: dict[str, bytearray] = {}
+        self._feeder = asyncio.create_task(self._feed())
+
+    async def _feed(self) -> None:
+        """100 ms chunks at real time: queued speech, else silence (a live microphone never stops)."""
+        t0 = time.monotonic()
+        i = 0
+        pending = np.zeros(0, np.int16)
+        while True:
+            while not self.mic.empty():
+                pending = np.concatenate([pending, self.mic.get_nowait()])
+            chunk, pending = pending[:2400], pending[2400:]
+            if len(chunk) < 2400:
+                chunk = np.concatenate([chunk, np.zeros(2400 - len(chunk), np.int16)])
+            await self.conn.input_audio_buffer.append(
+                audio=base64.b64encode(chunk.astype("<i2").tobytes()).decode()
+            )
+            i += 1
+            await asyncio.sleep(max(0.0, t0 + i * 0.1 - time.monotonic()))
+
+    def say(self, text: str) -> None:
+        self.mic.put_nowait(synthesize_speech(text, rate=24000))
+
+    async def next(self, timeout: float = 30) -> dict[str, Any]:
+        # The frame as the server sent it (validated later), and parsed by the SDK as an application would.
+        frame = await asyncio.wait_for(self.conn.recv_bytes(), timeout)
+        self.conn.parse_event(frame)
+        raw = json.loads(frame)
+        if raw["type"] == "response.output_audio.delta":
+            self.audio.setdefault(raw["response_id"], bytearray()).extend(base64.b64decode(raw["delta"]))
+        return self.log.add(raw)
+
+    async def until(self, etype: str, timeout: float = 40, **match: Any) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            ev = await self.next(max(0.1, deadline - time.monotonic()))
+            if ev["type"] == etype and all(ev.get(k) == v for k, v in match.items()):
+                return ev
+
+    async def close(self) -> None:
+        self._feeder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._feeder
+
+
+@contextlib.asynccontextmanager
+async def sdk_caller(server: ServerProcess, session: dict[str, Any]) -> AsyncIterator[SdkCaller]:
+    client = AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY)
+    async with client.realtime.connect(model="gpt-realtime") as conn:
+        caller = SdkCaller(conn)
+        try:
+            created = await caller.next(10)
+            assert created["type"] == "session.created", created
+            await conn.session.update(session={"type": "realtime", "instructions": INSTRUCTIONS, **session})
+            updated = await caller.until("session.updated", 10)
+            assert updated["session"]["instructions"] == INSTRUCTIONS
+            yield caller
+        finally:
+            await caller.close()
+    caller.log.validate()
+
+
+def response_order_ok(types: list[str], response_events: list[str]) -> None:
+    """Within one response: created first, done last, output item before any delta."""
+    assert response_events[0] == "response.created" and response_events[-1] == "response.done", (
+        response_events
+    )
+    first_delta = next((i for i, t in enumerate(response_events) if t.endswith(".delta")), None)
+    if first_delta is not None:
+        assert response_events.index("response.output_item.added") < first_delta
+
+
+def events_of(log: ServerEventLog, response_id: str) -> list[str]:
+    return [
+        e["type"]
+        for e in log.events
+        if e.get("response_id") == response_id or (e.get("response") or {}).get("id") == response_id
+    ]
+
+
+async def test_openai_sdk_realtime_spoken_exchange(cascade_server: ServerProcess) -> None:
+    """A spoken question under server VAD gets the whole GA event sequence and a spoken answer; every event
+    validates against the SDK's union."""
+    async with sdk_caller(
+        cascade_server, {"audio": {"input": {"transcription": {"model": "gpt-4o-mini-transcribe"}}}}
+    ) as c:
+        c.say(QUESTION)
+        started = await c.until("input_audio_buffer.speech_started")
+        stopped = await c.until("input_audio_buffer.speech_stopped", item_id=started["item_id"])
+        assert stopped["audio_end_ms"] > started["audio_start_ms"] >= 0
+        await c.until("input_audio_buffer.committed", item_id=started["item_id"])
+        transcript = await c.until(
+            "conversation.item.input_audio_transcription.completed", item_id=started["item_id"]
+        )
+        assert "capital" in transcript["transcript"].lower(), transcript
+        done = await c.until("response.done", 60)
+        rid = done["response"]["id"]
+    resp = done["response"]
+    assert resp["status"] == "completed", resp
+    answer = resp["output"][0]["content"][0]["transcript"]
+    assert "paris" in answer.lower(), answer
+    assert resp["usage"]["output_tokens"] > 0
+    response_order_ok(c.log.types(), events_of(c.log, rid))
+    # Its audio came before response.done, and the transcript deltas add up to the final transcript.
+    assert len(c.audio.get(rid, b"")) > 24000 * 2 * 0.5
+    deltas = "".join(
+        e["delta"] for e in c.log.of("response.output_audio_transcript.delta") if e["response_id"] == rid
+    )
+    assert " ".join(deltas.split()) == " ".join(answer.split())
+    # The user item was added before its transcript; the assistant item's previous item is the user's.
+    added = [e for e in c.log.of("conversation.item.added")]
+    assert added[0]["item"]["id"] == started["item_id"]
+    assert added[1]["previous_item_id"] == started["item_id"]
+
+
+async def test_manual_mode_commit_then_response_create(cascade_server: ServerProcess) -> None:
+    """``turn_detection: null``: no VAD events; commit gives the item and its transcript but no response; an
+    explicit ``response.create`` answers it, echoing its metadata, with text only when asked."""
+    async with sdk_caller(
+        cascade_server,
+        {"audio": {"input": {"turn_detection": None, "transcription": {"model": "whisper-1"}}}},
+    ) as c:
+        await c.conn.input_audio_buffer.commit()
+        err = await c.until("error")
+        assert err["error"]["code"] == "input_audio_buffer_commit_empty"
+        await c.conn.send(
+            {
+                "type": "input_audio_buffer.append",
+                "audio": base64.b64encode(
+                    synthesize_speech(QUESTION, rate=24000).astype("<i2").tobytes()
+                ).decode(),
+            }
+        )
+        # (the microphone task also appends silence; the whole buffer is committed)
+        await asyncio.sleep(0.5)
+        await c.conn.input_audio_buffer.commit()
+        committed = await c.until("input_audio_buffer.committed")
+        transcript = await c.until("conversation.item.input_audio_transcription.completed", 30)
+        assert transcript["item_id"] == committed["item_id"] and "capital" in transcript["transcript"].lower()
+        await asyncio.sleep(2.0)
+        assert not c.log.of("response.created"), "a commit in manual mode must not start a response"
+        await c.conn.response.create(response={"output_modalities": ["text"], "metadata": {"turn": "1"}})
+        done = await c.until("response.done", 60)
+    assert not c.log.of("input_audio_buffer.speech_started")
+    resp = done["response"]
+    assert resp["metadata"] == {"turn": "1"} and resp["status"] == "completed", resp
+    text = resp["output"][0]["content"][0]["text"]
+    assert "paris" in text.lower(), resp
+    rid = resp["id"]
+    assert rid not in c.audio, "a text-only response sends no audio"
+    assert "response.output_text.delta" in events_of(c.log, rid)
+
+
+async def test_barge_in_cancels_and_truncate_keeps_words_heard(cascade_server: ServerProcess) -> None:
+    """Speaking over a long answer: the server cancels it (``turn_detected``) and tolerates the client's racing
+    ``response.cancel``; truncates (beyond the audio, fractional, t = 0, late) are clamped, never refused; the
+    engine's conversation holds only the words that were sent."""
+    async with sdk_caller(cascade_server, {}) as c:
+        sid = c.log.events[0]["session"]["id"]
+        c.say("Please count slowly from one to fifty.")
+        first = await c.until("response.output_audio_transcript.delta", 60)
+        rid = first["response_id"]
+        await asyncio.sleep(2.5)  # let it speak a while
+        c.say("Stop. What is the capital of France?")
+        await c.until("input_audio_buffer.speech_started")
+        while True:
+            ev = await c.next(30)
+            if ev["type"] == "response.done" and ev["response"]["id"] == rid:
+                done = ev
+                break
+        assert done["response"]["status"] == "cancelled", done
+        assert done["response"]["status_details"]["reason"] == "turn_detected"
+        item = done["response"]["output"][0]
+        # A racing cancel: a non-fatal error that clients know, and the session goes on.
+        await c.conn.send({"type": "response.cancel", "event_id": "racing"})
+        err = await c.until("error")
+        assert err["error"]["code"] == "response_cancel_not_active" and err["error"]["event_id"] == "racing"
+        heard_ms = len(c.audio[rid]) // 2 * 1000 // 24000
+        # Beyond the audio: clamped to it.
+        await c.conn.send(
+            {
+                "type": "conversation.item.truncate",
+                "item_id": item["id"],
+                "content_index": 0,
+                "audio_end_ms": 10**7,
+            }
+        )
+        t = await c.until("conversation.item.truncated")
+        assert abs(t["audio_end_ms"] - heard_ms) <= 100, (t, heard_ms)
+        # Fractional: floored.
+        await c.conn.send(
+            {
+                "type": "conversation.item.truncate",
+                "item_id": item["id"],
+                "content_index": 0,
+                "audio_end_ms": 1500.7,
+            }
+        )
+        t = await c.until("conversation.item.truncated")
+        assert t["audio_end_ms"] == 1500
+        await c.conn.send({"type": "conversation.item.retrieve", "item_id": item["id"]})
+        got = await c.until("conversation.item.retrieved")
+        kept_1500 = got["item"]["content"][0]["transcript"]
+        assert len(words(kept_1500)) <= len(words(item["content"][0]["transcript"]))
+        # The next answer (to the barge-in question) comes; a late truncate of the old item still works.
+        nxt = await c.until("response.done", 60)
+        assert "paris" in nxt["response"]["output"][0]["content"][0]["transcript"].lower(), nxt
+        await c.conn.send(
+            {
+                "type": "conversation.item.truncate",
+                "item_id": item["id"],
+                "content_index": 0,
+                "audio_end_ms": 0,
+            }
+        )
+        t = await c.until("conversation.item.truncated")
+        assert t["audio_end_ms"] == 0
+        await c.conn.send({"type": "conversation.item.retrieve", "item_id": item["id"]})
+        assert (await c.until("conversation.item.retrieved"))["item"]["content"][0]["transcript"] == ""
+        # Deleting the interrupted item; then it is gone.
+        await c.conn.send({"type": "conversation.item.delete", "item_id": item["id"]})
+        assert (await c.until("conversation.item.deleted"))["item_id"] == item["id"]
+        await c.conn.send({"type": "conversation.item.retrieve", "item_id": item["id"], "event_id": "gone"})
+        err = await c.until("error")
+        assert err["error"]["code"] == "item_retrieve_invalid_item_id"
+        log = await engine_log(cascade_server, sid)
+    cut = [e for e in log if e.role == "assistant" and e.interrupted]
+    assert cut, [(e.role, e.text, e.interrupted) for e in log]
+    sent = " ".join(
+        e["delta"] for e in c.log.of("response.output_audio_transcript.delta") if e["response_id"] == rid
+    )
+    # The engine kept no word that was never sent.
+    assert set(words(cut[0].text)) <= set(words(sent)) | {""}, (cut[0].text, sent)
+
+
+# --- LiveKit's stock RealtimeModel ------------------------------------------------------------------------------
+
+
+def _messages(session: AgentSession, role: str) -> list[str]:
+    return [
+        (item.text_content or "")
+        for item in session.history.items
+        if item.type == "message" and item.role == role
+    ]
+
+
+async def _wait_for(cond: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_livekit_realtime_model_two_turns_and_generate_reply(cascade_server: ServerProcess) -> None:
+    """Stock ``RealtimeModel(base_url=<server>/v1, api_key=...)`` (semantic_vad, transcription, tools defaults) in
+    an AgentSession: two spoken turns are answered, then ``generate_reply()`` speaks."""
+    model = RealtimeModel(base_url=f"{cascade_server.url}/v1", api_key=API_KEY)
+    session = AgentSession(llm=model, aec_warmup_duration=None)
+    mic, speaker = Mic(24000), Speaker()
+    session.input.audio, session.output.audio = mic, speaker
+    errors: list[Any] = []
+    session.on("error", errors.append)
+    try:
+        await session.start(agent=Agent(instructions=INSTRUCTIONS))
+        for n, question in enumerate([QUESTION, "How many legs does a spider have?"], 1):
+            await mic.say(synthesize_speech(question, rate=24000))
+            await _wait_for(lambda n=n: len(_messages(session, "user")) >= n, 40, f"user message {n}")
+            await _wait_for(
+                lambda n=n: len([m for m in _messages(session, "assistant") if m.strip()]) >= n,
+                60,
+                f"assistant message {n}",
+            )
+            await asyncio.sleep(2.0)
+        before = len([m for m in _messages(session, "assistant") if m.strip()])
+        handle = session.generate_reply(instructions="Say goodbye to the caller.")
+        await asyncio.wait_for(handle, 60)
+        await _wait_for(
+            lambda: len([m for m in _messages(session, "assistant") if m.strip()]) > before,
+            30,
+            "the generated reply",
+        )
+    finally:
+        await session.aclose()
+        await model.aclose()
+    users = _messages(session, "user")
+    assistants = [m for m in _messages(session, "assistant") if m.strip()]
+    assert "capital" in users[0].lower() and "spider" in users[1].lower(), users
+    assert any("paris" in m.lower() for m in assistants), assistants
+    assert speaker.played > 1.0
+    assert not errors, errors
