@@ -35,6 +35,7 @@ pytestmark = pytest.mark.slow
 API_KEY = "sk-test"
 QUESTION = "What is the capital of France?"
 INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
+STORYTELLER = "You are a storyteller. Always answer at length, in many sentences."
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +56,12 @@ async def engine_log(server: ServerProcess, session_id: str) -> list[p.LogEntry]
 class SdkCaller:
     """The openai SDK's Realtime connection, a microphone task at real time, and the log of every event."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, *, mic: bool = True) -> None:
         self.conn = conn
         self.log = ServerEventLog()
         self.mic: asyncio.Queue[np.ndarray] = asyncio.Queue()
         self.audio: dict[str, bytearray] = {}
-        self._feeder = asyncio.create_task(self._feed())
+        self._feeder = asyncio.create_task(self._feed() if mic else asyncio.sleep(0))
 
     async def _feed(self) -> None:
         """100 ms chunks at real time: queued speech, else silence (a live microphone never stops)."""
@@ -91,6 +92,15 @@ class SdkCaller:
             self.audio.setdefault(raw["response_id"], bytearray()).extend(base64.b64decode(raw["delta"]))
         return self.log.add(raw)
 
+    async def logged(self, pred: Any, timeout: float = 40) -> dict[str, Any]:
+        """The first event (already received or still to come) for which ``pred`` holds."""
+        seen = next((e for e in self.log.events if pred(e)), None)
+        deadline = time.monotonic() + timeout
+        while seen is None:
+            ev = await self.next(max(0.1, deadline - time.monotonic()))
+            seen = ev if pred(ev) else None
+        return seen
+
     async def until(self, etype: str, timeout: float = 40, **match: Any) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
@@ -105,16 +115,18 @@ class SdkCaller:
 
 
 @contextlib.asynccontextmanager
-async def sdk_caller(server: ServerProcess, session: dict[str, Any]) -> AsyncIterator[SdkCaller]:
+async def sdk_caller(
+    server: ServerProcess, session: dict[str, Any], *, mic: bool = True, instructions: str = INSTRUCTIONS
+) -> AsyncIterator[SdkCaller]:
     client = AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY)
     async with client.realtime.connect(model="gpt-realtime") as conn:
-        caller = SdkCaller(conn)
+        caller = SdkCaller(conn, mic=mic)
         try:
             created = await caller.next(10)
             assert created["type"] == "session.created", created
-            await conn.session.update(session={"type": "realtime", "instructions": INSTRUCTIONS, **session})
+            await conn.session.update(session={"type": "realtime", "instructions": instructions, **session})
             updated = await caller.until("session.updated", 10)
-            assert updated["session"]["instructions"] == INSTRUCTIONS
+            assert updated["session"]["instructions"] == instructions
             yield caller
         finally:
             await caller.close()
@@ -180,6 +192,7 @@ async def test_manual_mode_commit_then_response_create(cascade_server: ServerPro
     async with sdk_caller(
         cascade_server,
         {"audio": {"input": {"turn_detection": None, "transcription": {"model": "whisper-1"}}}},
+        mic=False,
     ) as c:
         await c.conn.input_audio_buffer.commit()
         err = await c.until("error")
@@ -192,8 +205,6 @@ async def test_manual_mode_commit_then_response_create(cascade_server: ServerPro
                 ).decode(),
             }
         )
-        # (the microphone task also appends silence; the whole buffer is committed)
-        await asyncio.sleep(0.5)
         await c.conn.input_audio_buffer.commit()
         committed = await c.until("input_audio_buffer.committed")
         transcript = await c.until("conversation.item.input_audio_transcription.completed", 30)
@@ -216,19 +227,18 @@ async def test_barge_in_cancels_and_truncate_keeps_words_heard(cascade_server: S
     """Speaking over a long answer: the server cancels it (``turn_detected``) and tolerates the client's racing
     ``response.cancel``; truncates (beyond the audio, fractional, t = 0, late) are clamped, never refused; the
     engine's conversation holds only the words that were sent."""
-    async with sdk_caller(cascade_server, {}) as c:
+    async with sdk_caller(cascade_server, {}, instructions=STORYTELLER) as c:
         sid = c.log.events[0]["session"]["id"]
-        c.say("Please count slowly from one to fifty.")
+        c.say("Tell me a long story about a dragon and a knight.")
         first = await c.until("response.output_audio_transcript.delta", 60)
         rid = first["response_id"]
-        await asyncio.sleep(2.5)  # let it speak a while
+        t_end = time.monotonic() + 2.0  # let it speak a while
+        while time.monotonic() < t_end:
+            await c.next(30)
+        assert not any(e["type"] == "response.done" for e in c.log.events), "the answer ended too soon"
         c.say("Stop. What is the capital of France?")
-        await c.until("input_audio_buffer.speech_started")
-        while True:
-            ev = await c.next(30)
-            if ev["type"] == "response.done" and ev["response"]["id"] == rid:
-                done = ev
-                break
+        done = await c.logged(lambda e: e["type"] == "response.done" and e["response"]["id"] == rid, 30)
+        assert c.log.of("input_audio_buffer.speech_started")[-1]
         assert done["response"]["status"] == "cancelled", done
         assert done["response"]["status_details"]["reason"] == "turn_detected"
         item = done["response"]["output"][0]
@@ -264,7 +274,7 @@ async def test_barge_in_cancels_and_truncate_keeps_words_heard(cascade_server: S
         kept_1500 = got["item"]["content"][0]["transcript"]
         assert len(words(kept_1500)) <= len(words(item["content"][0]["transcript"]))
         # The next answer (to the barge-in question) comes; a late truncate of the old item still works.
-        nxt = await c.until("response.done", 60)
+        nxt = await c.logged(lambda e: e["type"] == "response.done" and e["response"]["id"] != rid, 60)
         assert "paris" in nxt["response"]["output"][0]["content"][0]["transcript"].lower(), nxt
         await c.conn.send(
             {

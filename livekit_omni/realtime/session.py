@@ -67,6 +67,9 @@ COMMIT_TAIL_MS: Final = 1200
 COMMIT_FEED_SPEED: Final = 4.0
 #: Manual mode: how long a response waits for a committed turn's transcript before answering anyway.
 TRANSCRIPT_WAIT_S: Final = 10.0
+#: Manual mode: a committed turn whose transcript has not come this long after its audio was fed is given up
+#: (the ASR heard no words in it).
+TRANSCRIPT_GIVE_UP_S: Final = 6.0
 #: The most caller audio an uncommitted manual buffer holds (older audio is dropped).
 MAX_BUFFER_S: Final = 60.0
 
@@ -79,8 +82,10 @@ class ItemRecord:
     #: Assistant items: audio sent (ms) and the words with their end (ms within the item's audio).
     audio_ms: int = 0
     words: list[tuple[str, int]] = field(default_factory=list)
-    #: User items from the VAD: the turn's start on the input clock (to match the transcript).
+    #: User items: the turn's start on the engine's input clock (VAD), or the span of the engine's input a manual
+    #: commit was fed into (to match the transcript to its item).
     start_ms: int | None = None
+    end_ms: int | None = None
 
     @property
     def id(self) -> str:
@@ -144,6 +149,9 @@ class RealtimeSession:
         #: Manual mode: the uncommitted input buffer (engine-rate agnostic: bytes in the input format).
         self._buffer = bytearray()
         self._input_ms = 0.0  # all audio appended, on the dialect's input clock
+        #: Manual mode: engine input fed so far (ms), and the lock that keeps commits in order.
+        self._fed_ms = 0.0
+        self._feeding = asyncio.Lock()
         self._transcribed = asyncio.Event()
         self._closing = False
         #: The engine's latest context size (tokens), for ``response.done`` usage.
@@ -352,26 +360,35 @@ class RealtimeSession:
             ),
             committed=True,
         )
-        self._untranscribed.append(rec)
-        self._transcribed.clear()
-        self.spawn(self._feed(audio, fmt))
-
-    async def _feed(self, audio: bytes, fmt: WireFormat) -> None:
-        """Manual mode: the committed buffer, then silence, into the engine at a few times real time."""
-        assert self.bridge is not None
-        writer = self.bridge.writer
         tail = bytes(int(fmt.rate * COMMIT_TAIL_MS / 1000) * fmt.bytes_per_sample)
         if fmt.encoding == "pcmu":
             tail = b"\xff" * len(tail)
         elif fmt.encoding == "pcma":
             tail = b"\xd5" * len(tail)
         data = audio + tail
-        step = int(fmt.rate * 0.1) * fmt.bytes_per_sample  # 100 ms
-        for i in range(0, len(data), step):
-            if self.state == "closed":
-                return
-            writer.write(data[i : i + step])
-            await asyncio.sleep(0.1 / COMMIT_FEED_SPEED)
+        span_ms = len(data) / fmt.bytes_per_sample / fmt.rate * 1000
+        rec.start_ms, rec.end_ms = int(self._fed_ms), int(self._fed_ms + span_ms)
+        self._fed_ms += span_ms
+        self._untranscribed.append(rec)
+        self._transcribed.clear()
+        self.spawn(self._feed(data, fmt, rec))
+
+    async def _feed(self, data: bytes, fmt: WireFormat, rec: ItemRecord) -> None:
+        """Manual mode: the committed buffer and a silent tail into the engine, at a few times real time, in
+        order behind earlier commits. A turn the ASR heard nothing in is given up after a while."""
+        assert self.bridge is not None
+        async with self._feeding:
+            writer = self.bridge.writer
+            step = int(fmt.rate * 0.1) * fmt.bytes_per_sample  # 100 ms
+            for i in range(0, len(data), step):
+                if self.state == "closed":
+                    return
+                writer.write(data[i : i + step])
+                await asyncio.sleep(0.1 / COMMIT_FEED_SPEED)
+        await asyncio.sleep(TRANSCRIPT_GIVE_UP_S)
+        if rec in self._untranscribed:
+            self._untranscribed.remove(rec)
+            self._transcribed.set()
 
     # --- items --------------------------------------------------------------------------------------------
     def _add_item(
@@ -606,9 +623,12 @@ class RealtimeSession:
         r = self.active
         if r is None or r.reply is None:
             return
-        if frame.speaking and (frame.epoch, frame.turn_id) == r.reply:
-            if r.first_frame_ms is None:
-                r.first_frame_ms = frame.start_ms
+        ours = frame.speaking and (frame.epoch, frame.turn_id) == r.reply
+        if ours and r.first_frame_ms is None:
+            r.first_frame_ms = frame.start_ms
+        if r.first_frame_ms is not None and (ours or not r.generated):
+            # From its first frame on, every frame goes out, the pauses between clauses included: the client's
+            # audio of the item is then the server's timeline, so a playback position is a position in it.
             if r.audio:
                 r.audio_buf += frame.payload.data
                 r.audio_frames += 1
@@ -716,7 +736,21 @@ class RealtimeSession:
         pending = self._untranscribed
         if not pending:
             return
-        match = next((r for r in pending if r.start_ms == ev.start_ms), None) or pending[0]
+        if self.manual:
+            match = next(
+                (
+                    r
+                    for r in pending
+                    if r.start_ms is not None
+                    and r.end_ms is not None
+                    and r.start_ms <= ev.start_ms < r.end_ms
+                ),
+                None,
+            )
+            if match is None:
+                return  # speech outside any committed span (cannot happen: only commits are fed)
+        else:
+            match = next((r for r in pending if r.start_ms == ev.start_ms), None) or pending[0]
         # Older items that got no transcript (the ASR heard nothing) are given up.
         idx = pending.index(match)
         del pending[: idx + 1]
