@@ -361,3 +361,57 @@ async def test_livekit_realtime_model_two_turns_and_generate_reply(cascade_serve
     assert any("paris" in m.lower() for m in assistants), assistants
     assert speaker.played > 1.0
     assert not errors, errors
+
+
+async def test_livekit_realtime_model_barge_in_truncates_the_answer(cascade_server: ServerProcess) -> None:
+    """Speaking over a long answer with stock ``RealtimeModel``: LiveKit's history holds the answer cut short
+    (marked interrupted), and the engine's conversation holds only words that were sent to the client (with
+    this in-memory speaker, sent = heard)."""
+    model = RealtimeModel(base_url=f"{cascade_server.url}/v1", api_key=API_KEY)
+    session = AgentSession(llm=model, aec_warmup_duration=None)
+    mic, speaker = Mic(24000), Speaker()
+    session.input.audio, session.output.audio = mic, speaker
+    raw = ServerEventLog()
+    try:
+        await session.start(agent=Agent(instructions=STORYTELLER))
+        session.current_agent.realtime_llm_session.on("openai_server_event_received", raw.add)
+        await mic.say(synthesize_speech("Tell me a long story about a dragon and a knight.", rate=24000))
+        await _wait_for(lambda: speaker.pushed > 2.5, 60, "2.5 s of the story")
+        await mic.say(synthesize_speech("Stop. What is the capital of France?", rate=24000))
+        await _wait_for(
+            lambda: bool(_interrupted(session)), 30, "the interrupted answer in LiveKit's history"
+        )
+        await _wait_for(
+            lambda: any("paris" in m.lower() for m in _messages(session, "assistant")), 60, "the next answer"
+        )
+        sid = next(
+            e["session"]["id"] for e in raw.events if e["type"] in ("session.created", "session.updated")
+        )
+        log = await engine_log(cascade_server, sid)
+    finally:
+        await session.aclose()
+        await model.aclose()
+    raw.validate()
+    story = _interrupted(session)[0]
+    done = next(e for e in raw.of("response.done") if e["response"]["status"] == "cancelled")
+    rid = done["response"]["id"]
+    sent = " ".join(
+        e["delta"] for e in raw.of("response.output_audio_transcript.delta") if e["response_id"] == rid
+    )
+    full = done["response"]["output"][0]["content"][0]["transcript"]
+    assert words(story.text_content or "") and set(words(story.text_content or "")) <= set(words(sent)), (
+        story.text_content,
+        sent,
+    )
+    cut = [e for e in log if e.role == "assistant" and e.interrupted]
+    assert cut, [(e.role, e.text) for e in log]
+    assert set(words(cut[0].text)) <= set(words(sent)), (cut[0].text, sent)
+    assert len(words(full)) <= len(words(sent)) + 1
+
+
+def _interrupted(session: AgentSession) -> list[Any]:
+    return [
+        item
+        for item in session.history.items
+        if item.type == "message" and item.role == "assistant" and getattr(item, "interrupted", False)
+    ]
