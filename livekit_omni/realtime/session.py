@@ -392,10 +392,14 @@ class RealtimeSession:
 
     # --- items --------------------------------------------------------------------------------------------
     def _add_item(
-        self, item: wire.Item, *, committed: bool = False, previous: str | None = None
+        self, item: wire.Item, *, committed: bool = False, previous: str | None = None, first: bool = False
     ) -> ItemRecord:
+        """Add an item after ``previous`` (default: the last item; ``first``: before all) and announce it."""
         rec = ItemRecord(item=item)
-        prev = previous if previous is not None else (next(reversed(self.items)) if self.items else None)
+        if first:
+            prev = None
+        else:
+            prev = previous if previous is not None else (next(reversed(self.items)) if self.items else None)
         self.items[rec.id] = rec
         if committed:
             self.emit(wire.InputCommitted(item_id=rec.id, previous_item_id=prev))
@@ -439,8 +443,7 @@ class RealtimeSession:
         )
         if stored.type == "message" and not stored.content:
             stored.content = []
-        previous = "" if prev == "root" else prev
-        rec = self._add_item(stored, previous=previous or None)
+        rec = self._add_item(stored, previous=None if prev == "root" else prev, first=prev == "root")
         if prev == "root":
             # Kept first in the table (the engine's context order is the order the text arrived in).
             self.items = {rec.id: rec, **{k: v for k, v in self.items.items() if k != rec.id}}
