@@ -117,6 +117,18 @@ class Interrupt(_Msg):
     session_id: str
 
 
+class TruncateReply(_Msg):
+    """Keep only ``text`` of finished reply ``turn_id`` in the conversation (the Realtime dialect's
+    ``conversation.item.truncate``: the whole words the listener heard). The thinker's log is rolled back to the
+    reply's checkpoint and re-extended with ``text`` and everything after it; applied once no reply runs.
+    A reply already holding no more than ``text``, or unknown, is left alone."""
+
+    req_id: int
+    session_id: str
+    turn_id: int
+    text: str
+
+
 class Touch(_Msg):
     """Keep an idle session alive (its TTL restarts)."""
 
@@ -135,7 +147,18 @@ class GetStats(_Msg):
     session_id: str = ""
 
 
-Command = Hello | Ping | OpenSession | AppendText | SetMute | Interrupt | Touch | CloseSession | GetStats
+Command = (
+    Hello
+    | Ping
+    | OpenSession
+    | AppendText
+    | SetMute
+    | Interrupt
+    | TruncateReply
+    | Touch
+    | CloseSession
+    | GetStats
+)
 
 
 # --- replies (engine -> client) --------------------------------------------------------------------------------
@@ -271,6 +294,7 @@ RESULT_OF: Final[dict[type[Command], type[ReplyResult]]] = {
     AppendText: TextAppended,
     SetMute: MuteSet,
     Interrupt: Interrupted,
+    TruncateReply: Ack,
     Touch: Ack,
     CloseSession: Ack,
     GetStats: SessionStats,

@@ -247,5 +247,13 @@ class InterruptRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class TruncateRequest:
+    """Keep only ``text`` of finished reply ``turn_id`` in the conversation (``TruncateReply``)."""
+
+    turn_id: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class MuteChange:
     muted: bool

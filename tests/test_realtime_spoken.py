@@ -272,10 +272,14 @@ async def test_barge_in_cancels_and_truncate_keeps_words_heard(cascade_server: S
         await c.conn.send({"type": "conversation.item.retrieve", "item_id": item["id"]})
         got = await c.until("conversation.item.retrieved")
         kept_1500 = got["item"]["content"][0]["transcript"]
-        assert len(words(kept_1500)) <= len(words(item["content"][0]["transcript"]))
+        assert len(words(kept_1500)) < len(words(item["content"][0]["transcript"])), (kept_1500, item)
         # The next answer (to the barge-in question) comes; a late truncate of the old item still works.
         nxt = await c.logged(lambda e: e["type"] == "response.done" and e["response"]["id"] != rid, 60)
         assert "paris" in nxt["response"]["output"][0]["content"][0]["transcript"].lower(), nxt
+        # The engine's conversation holds the truncated answer (the truncate waited for the running reply).
+        log = await engine_log(cascade_server, sid)
+        cut = [e for e in log if e.role == "assistant" and e.turn_id == _turn_of(log, kept_1500)]
+        assert words(cut[0].text) == words(kept_1500), ([(e.role, e.text) for e in log], kept_1500)
         await c.conn.send(
             {
                 "type": "conversation.item.truncate",
@@ -294,14 +298,23 @@ async def test_barge_in_cancels_and_truncate_keeps_words_heard(cascade_server: S
         await c.conn.send({"type": "conversation.item.retrieve", "item_id": item["id"], "event_id": "gone"})
         err = await c.until("error")
         assert err["error"]["code"] == "item_retrieve_invalid_item_id"
-        log = await engine_log(cascade_server, sid)
-    cut = [e for e in log if e.role == "assistant" and e.interrupted]
-    assert cut, [(e.role, e.text, e.interrupted) for e in log]
+        after = await engine_log(cascade_server, sid)
     sent = " ".join(
         e["delta"] for e in c.log.of("response.output_audio_transcript.delta") if e["response_id"] == rid
     )
-    # The engine kept no word that was never sent.
-    assert set(words(cut[0].text)) <= set(words(sent)) | {""}, (cut[0].text, sent)
+    # Words kept after the barge-in were all sent; the late truncate to 0 emptied the cut answer and kept
+    # everything after it (the question and its answer: a tail rebuild).
+    assert set(words(kept_1500)) <= set(words(sent)), (kept_1500, sent)
+    first_cut = next(e for e in after if e.role == "assistant" and e.interrupted)
+    assert first_cut.text == "", [(e.role, e.text) for e in after]
+    later = after[after.index(first_cut) + 1 :]
+    assert any(e.role == "user" and "capital" in e.text.lower() for e in later), later
+    assert any(e.role == "assistant" and "paris" in e.text.lower() for e in later), later
+
+
+def _turn_of(log: list[p.LogEntry], text: str) -> int:
+    """The turn of the interrupted answer in the engine's log."""
+    return next(e.turn_id for e in log if e.role == "assistant" and e.interrupted)
 
 
 # --- LiveKit's stock RealtimeModel ------------------------------------------------------------------------------

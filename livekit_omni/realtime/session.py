@@ -86,6 +86,8 @@ class ItemRecord:
     #: commit was fed into (to match the transcript to its item).
     start_ms: int | None = None
     end_ms: int | None = None
+    #: Assistant items: the engine reply (turn) whose words the conversation holds.
+    turn_id: int | None = None
 
     @property
     def id(self) -> str:
@@ -242,9 +244,15 @@ class RealtimeSession:
                 rec = self._item(ev.item_id, "item_retrieve_invalid_item_id", "retrieve")
                 self.emit(wire.ItemRetrieved(item=rec.item))
             case wire.ItemTruncate():
-                self._on_truncate(ev)
+                await self._on_truncate(ev)
             case wire.ItemDelete():
-                self._item(ev.item_id, "item_delete_invalid_item_id", "delete")
+                rec = self._item(ev.item_id, "item_delete_invalid_item_id", "delete")
+                if rec.turn_id is not None and self.engine is not None:
+                    # A deleted answer leaves the conversation (LiveKit deletes one that was cut before any of
+                    # it played).
+                    await asyncio.wait_for(
+                        self.engine.truncate_reply(rec.turn_id, ""), ENGINE_REQUEST_TIMEOUT_S
+                    )
                 del self.items[ev.item_id]
                 self._untranscribed = [r for r in self._untranscribed if r.id != ev.item_id]
                 self.emit(wire.ItemDeleted(item_id=ev.item_id))
@@ -448,7 +456,7 @@ class RealtimeSession:
             # Kept first in the table (the engine's context order is the order the text arrived in).
             self.items = {rec.id: rec, **{k: v for k, v in self.items.items() if k != rec.id}}
 
-    def _on_truncate(self, ev: wire.ItemTruncate) -> None:
+    async def _on_truncate(self, ev: wire.ItemTruncate) -> None:
         rec = self._item(ev.item_id, "item_truncate_invalid_item_id", "truncate")
         parts = rec.item.content or []
         if rec.item.role != "assistant" or not parts or parts[0].type != "output_audio":
@@ -463,6 +471,9 @@ class RealtimeSession:
         rec.words = [(w, end) for w, end in rec.words if end <= t]
         rec.audio_ms = t
         parts[0].transcript = kept
+        if rec.turn_id is not None and self.engine is not None:
+            # The engine's conversation keeps the same words (applied once no reply runs).
+            await asyncio.wait_for(self.engine.truncate_reply(rec.turn_id, kept), ENGINE_REQUEST_TIMEOUT_S)
         self.emit(wire.ItemTruncated(item_id=rec.id, content_index=ev.content_index, audio_end_ms=t))
 
     # --- responses ----------------------------------------------------------------------------------------
@@ -567,7 +578,7 @@ class RealtimeSession:
             status="in_progress",
         )
         prev = next(reversed(self.items)) if self.items else None
-        rec = ItemRecord(item=item)
+        rec = ItemRecord(item=item, turn_id=turn_id)
         self.items[rec.id] = rec
         r.item = rec
         self.emit(wire.OutputItemAdded(response_id=r.id, item=_snapshot(item, content=[])))

@@ -57,6 +57,7 @@ from engine_bridge.session import (
     Role,
     Segment,
     TextAppend,
+    TruncateRequest,
 )
 from engine_bridge.speech.asr import Transcript
 from engine_bridge.speech.text import clean_for_tts
@@ -139,7 +140,7 @@ class SpeakRequest:
     """A ``speak_now``/``commentary`` asked for a reply while another ran: one reply starts when it ends."""
 
 
-Pending = ContextNote | SpeakRequest
+Pending = ContextNote | SpeakRequest | TruncateRequest
 
 
 @dataclass(slots=True)
@@ -278,6 +279,10 @@ class TurnMachine:
                     self._on_barge_in(
                         session, st, msg.epoch, session.input_ms, time.monotonic(), barge_in=False
                     )
+            case TruncateRequest():
+                st.pending.append(msg)
+                if st.reply is None:
+                    self._flush_context(session, st)
             case MuteChange():
                 if msg.muted:
                     st.detector.reset()
@@ -408,7 +413,40 @@ class TurnMachine:
             if isinstance(note, ContextNote):
                 self.thinker.append(session.id, note.role, note.text, epoch=session.epoch)
                 session.log.append(Segment(Role(note.role), note.text, session.epoch))
+            elif isinstance(note, TruncateRequest):
+                self._truncate(session, note)
         st.pending = [x for x in st.pending if isinstance(x, SpeakRequest)]
+
+    def _truncate(self, session: DuplexSession, req: TruncateRequest) -> None:
+        """Keep only ``req.text`` of reply ``req.turn_id``: roll the thinker back to the reply's checkpoint, append
+        the kept words, then re-append what followed (one tail rebuild when it is not the last message)."""
+        idx = next(
+            (
+                i
+                for i in range(len(session.log) - 1, -1, -1)
+                if session.log[i].role is Role.ASSISTANT and session.log[i].turn_id == req.turn_id
+            ),
+            None,
+        )
+        if idx is None:
+            return
+        seg = session.log[idx]
+        kept = req.text.strip()
+        if len(kept.split()) >= len(seg.text.split()):
+            return  # it already holds no more than what was heard
+        tail = session.log[idx + 1 :]
+        thinker = self.thinker
+        thinker.rollback(session.id, seg.token_start)
+        seg.text, seg.interrupted = kept, True
+        if kept:
+            thinker.append(session.id, "assistant", kept, epoch=seg.epoch)
+        seg.token_end = len(thinker.log(session.id))
+        for later in tail:
+            later.token_start = len(thinker.log(session.id))
+            if later.text:
+                thinker.append(session.id, later.role.value, later.text, epoch=later.epoch)
+            later.token_end = len(thinker.log(session.id))
+        session.stats.extra["truncations"] = session.stats.extra.get("truncations", 0) + 1
 
     @staticmethod
     def _take_speak_request(st: CascadeSessionState) -> bool:
