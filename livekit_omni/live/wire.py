@@ -96,7 +96,7 @@ class AudioConfig(_Part):
 class Delegation(_Part):
     type: str
     #: The Responses backend's settings under ``responses`` delegation (model, tools, ...): accepted and echoed;
-    #: the engine's own thinker answers, and no backend is called (docs/protocol.md, Delegation).
+    #: the engine's own thinker answers, and no backend is called (docs/protocol.md).
     responses: dict[str, Any] | None = None
     acknowledgement_delay_ms: int | None = None
 
