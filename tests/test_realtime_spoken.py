@@ -428,3 +428,52 @@ def _interrupted(session: AgentSession) -> list[Any]:
         for item in session.history.items
         if item.type == "message" and item.role == "assistant" and getattr(item, "interrupted", False)
     ]
+
+
+async def test_out_of_band_response_max_output_tokens_and_idle_timeout(cascade_server: ServerProcess) -> None:
+    """``conversation: "none"`` answers without joining the conversation (the engine forgets it);
+    ``max_output_tokens`` cuts an answer (``incomplete``); ``idle_timeout_ms`` makes the model go on after the
+    caller stays silent."""
+    session = {"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 1500}}}}
+    async with sdk_caller(cascade_server, session) as c:
+        sid = c.log.events[0]["session"]["id"]
+        await c.conn.send(
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": QUESTION}],
+                },
+            }
+        )
+        await c.conn.send(
+            {"type": "response.create", "response": {"conversation": "none", "metadata": {"kind": "oob"}}}
+        )
+        oob = await c.logged(lambda e: e["type"] == "response.done", 60)
+        assert (
+            oob["response"]["metadata"] == {"kind": "oob"} and oob["response"].get("conversation_id") is None
+        )
+        oob_item = oob["response"]["output"][0]
+        assert "paris" in oob_item["content"][0]["transcript"].lower(), oob
+        assert oob_item["id"] not in {e["item"]["id"] for e in c.log.of("conversation.item.added")}
+        await asyncio.sleep(0.5)
+        log = await engine_log(cascade_server, sid)
+        assert not any(e.role == "assistant" and "paris" in e.text.lower() for e in log), log
+        await c.conn.send(
+            {
+                "type": "response.create",
+                "response": {"instructions": "Tell a long story about a dragon.", "max_output_tokens": 3},
+            }
+        )
+        capped = await c.logged(
+            lambda e: e["type"] == "response.done" and e["response"]["id"] != oob["response"]["id"], 60
+        )
+        assert capped["response"]["status"] == "incomplete", capped
+        assert capped["response"]["status_details"]["reason"] == "max_output_tokens"
+        assert len(words(capped["response"]["output"][0]["content"][0]["transcript"])) <= 6
+        timeout = await c.until("input_audio_buffer.timeout_triggered", 20)
+        assert timeout["audio_end_ms"] >= timeout["audio_start_ms"]
+        follow = await c.until("response.created", 20)
+        assert follow["response"]["status"] == "in_progress"
+        await c.until("response.done", 60)

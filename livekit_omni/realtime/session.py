@@ -113,6 +113,10 @@ class ResponseRecord:
     audio_buf: bytearray = field(default_factory=bytearray)
     audio_frames: int = 0
     text: str = ""
+    #: ``conversation: "none"``: the answer is not added to the conversation (the engine forgets it afterwards).
+    out_of_band: bool = False
+    #: The client's ``max_output_tokens`` was reached and the reply is being cut.
+    capped: bool = False
 
     @property
     def audio(self) -> bool:
@@ -156,6 +160,10 @@ class RealtimeSession:
         self._feeding = asyncio.Lock()
         self._transcribed = asyncio.Event()
         self._closing = False
+        #: server_vad ``idle_timeout_ms``: when the caller's silence after the last response's audio triggers a
+        #: response (monotonic), and where the input clock stood when that silence began.
+        self._idle_deadline: float | None = None
+        self._idle_from_ms = 0.0
         #: The engine's latest context size (tokens), for ``response.done`` usage.
         self._context_tokens = 0
 
@@ -525,7 +533,9 @@ class RealtimeSession:
             modalities=["text"] if mods == ["text"] else ["audio"],
             metadata=params.metadata,
             max_output_tokens=params.max_output_tokens or self.config.max_output_tokens,
+            out_of_band=params.conversation == "none",
         )
+        self._idle_deadline = None
         self.responses[r.id] = r
         while len(self.responses) > 64:
             self.responses.pop(next(iter(self.responses)))
@@ -556,7 +566,7 @@ class RealtimeSession:
             status=status,
             status_details=details,
             output=[r.item.item] if r.item is not None else [],
-            conversation_id="conv_" + self.id[5:],
+            conversation_id=None if r.out_of_band else "conv_" + self.id[5:],
             output_modalities=r.modalities,
             max_output_tokens=r.max_output_tokens,  # type: ignore[arg-type]
             metadata=r.metadata,
@@ -579,19 +589,20 @@ class RealtimeSession:
         )
         prev = next(reversed(self.items)) if self.items else None
         rec = ItemRecord(item=item, turn_id=turn_id)
-        self.items[rec.id] = rec
         r.item = rec
         self.emit(wire.OutputItemAdded(response_id=r.id, item=_snapshot(item, content=[])))
-        self.emit(wire.ItemAdded(item=_snapshot(item, content=[]), previous_item_id=prev))
+        if not r.out_of_band:
+            self.items[rec.id] = rec
+            self.emit(wire.ItemAdded(item=_snapshot(item, content=[]), previous_item_id=prev))
         part = wire.Part(type="audio", transcript="") if r.audio else wire.Part(type="text", text="")
         self.emit(wire.ContentPartAdded(response_id=r.id, item_id=rec.id, part=part))
 
-    async def _cancel(self, r: ResponseRecord, reason: str) -> None:
+    async def _cancel(self, r: ResponseRecord, reason: str, *, status: str = "cancelled") -> None:
         assert self.engine is not None
         r.cancel_reason = reason
         interrupted = await asyncio.wait_for(self.engine.interrupt(), ENGINE_REQUEST_TIMEOUT_S)
         self._min_epoch = max(self._min_epoch, interrupted.epoch)
-        self._finish(r, "cancelled", reason)
+        self._finish(r, status, reason)
 
     def _finish(self, r: ResponseRecord, status: str, reason: str | None = None) -> None:
         """Close the response: the rest of its audio, the ``.done`` events of its parts and item, then
@@ -601,6 +612,11 @@ class RealtimeSession:
         r.finished = True
         if self.active is r:
             self.active = None
+        td = self.config.turn_detection
+        if td is not None and td.idle_timeout_ms:
+            # The idle timer runs from the end of the response's audio (it just finished playing).
+            self._idle_deadline = time.monotonic() + td.idle_timeout_ms / 1000
+            self._idle_from_ms = self._input_ms
         rec = r.item
         if rec is not None:
             self._flush_audio(r)
@@ -619,7 +635,8 @@ class RealtimeSession:
             rec.item.status = item_status
             self.emit(wire.ContentPartDone(response_id=r.id, item_id=rec.id, part=done_part))
             self.emit(wire.OutputItemDone(response_id=r.id, item=rec.item))
-            self.emit(wire.ItemDone(item=rec.item))
+            if not r.out_of_band:
+                self.emit(wire.ItemDone(item=rec.item))
         self.emit(wire.ResponseDone(response=self._response_wire(r, status, reason)))
 
     def _response_of(self, epoch: int, turn_id: int) -> ResponseRecord | None:
@@ -633,6 +650,9 @@ class RealtimeSession:
         player = self.player
         if player is None or self.state != "active":
             return
+        if self._idle_deadline is not None and time.monotonic() >= self._idle_deadline:
+            self._idle_deadline = None
+            self.spawn(self._idle_timeout())
         frame = player.next_frame()
         r = self.active
         if r is None or r.reply is None:
@@ -660,6 +680,24 @@ class RealtimeSession:
         ):
             self._finish(r, "completed")
 
+    async def _idle_timeout(self) -> None:
+        """server_vad ``idle_timeout_ms``: the caller stayed silent after the last answer; the model goes on."""
+        if self.active is not None or self._speaking is not None or self.engine is None:
+            return
+        item_id = wire.new_id("item")
+        self.emit(
+            wire.TimeoutTriggered(
+                audio_start_ms=int(self._idle_from_ms), audio_end_ms=int(self._input_ms), item_id=item_id
+            )
+        )
+        self._add_item(
+            wire.message_item(item_id, "user", [wire.ContentPart(type="input_audio", transcript="")]),
+            committed=True,
+        )
+        td = self.config.turn_detection
+        if td is not None and td.create_response is not False:
+            await asyncio.wait_for(self.engine.append_text("respond", ""), ENGINE_REQUEST_TIMEOUT_S)
+
     def _on_words(self, r: ResponseRecord, frame: OutputFrame) -> None:
         rec = r.item
         if rec is None:
@@ -679,6 +717,16 @@ class RealtimeSession:
             else:
                 r.text += sep + d.text.strip()
                 self.emit(wire.OutputTextDelta(response_id=r.id, item_id=rec.id, delta=sep + d.text.strip()))
+            limit = r.max_output_tokens
+            if (
+                isinstance(limit, int)
+                and not r.capped
+                and len(" ".join(w for w, _ in rec.words).split()) >= limit
+            ):
+                # The engine has no token cap per reply: the answer is cut once it has said that many words
+                # (counted as tokens), and the engine keeps the words that were sent.
+                r.capped = True
+                self.spawn(self._cancel(r, "max_output_tokens", status="incomplete"))
 
     def _flush_audio(self, r: ResponseRecord) -> None:
         if not r.audio_buf or r.item is None:
@@ -712,6 +760,7 @@ class RealtimeSession:
                         start_ms=ev.at_ms,
                     )
                     self._speaking = rec
+                    self._idle_deadline = None
                     self.emit(wire.SpeechStarted(audio_start_ms=ev.at_ms, item_id=rec.id))
             case p.SpeechStopped():
                 turn = self._speaking
@@ -782,6 +831,17 @@ class RealtimeSession:
         self._transcribed.set()
 
     def _on_reply_done(self, ev: p.ReplyDone) -> None:
+        oob = next(
+            (
+                x
+                for x in reversed(self.responses.values())
+                if x.reply == (ev.epoch, ev.turn_id) and x.out_of_band
+            ),
+            None,
+        )
+        if oob is not None and self.engine is not None:
+            # Out of band: the answer leaves the engine's conversation once it is over.
+            self.spawn(self.engine.truncate_reply(ev.turn_id, ""))
         r = self._response_of(ev.epoch, ev.turn_id)
         if r is None:
             # A reply the client already cancelled: its item keeps only what the engine kept.
