@@ -16,9 +16,11 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import websockets
 
+from media.codecs import ulaw_decode, ulaw_encode
 from tests.conftest import ServerProcess, start_server
 from tests.realtime_checks import ServerEventLog
 
@@ -57,7 +59,12 @@ LIVEKIT_UPDATE: dict[str, Any] = {
 def server() -> Iterator[ServerProcess]:
     s = start_server(
         adapter="loopback",
-        env={"LIVEKIT_OMNI_API_KEYS": json.dumps([API_KEY]), "LIVEKIT_OMNI_ENGINE__MAX_SESSIONS": "1"},
+        env={
+            "LIVEKIT_OMNI_API_KEYS": json.dumps([API_KEY]),
+            "LIVEKIT_OMNI_ENGINE__MAX_SESSIONS": "1",
+            "LIVEKIT_OMNI_LIMITS__INPUT_BURST_S": "1.0",
+            "LIVEKIT_OMNI_LIMITS__INPUT_BACKPRESSURE_GRACE_S": "1.0",
+        },
     )
     yield s
     s.stop()
@@ -312,3 +319,56 @@ async def test_session_limit_gets_an_error_and_1013(server: ServerProcess) -> No
             ev = await second.error("session_limit_reached")
             assert ev["error"]["type"] == "server_error"
             assert await second.closed() == 1013
+
+
+async def test_g711_in_and_out(server: ServerProcess) -> None:
+    """``audio/pcmu`` both ways: a µ-law tone in comes back (the loopback echo) as µ-law at 8 kHz, in response
+    audio deltas."""
+    t = np.arange(8000) / 8000
+    tone = (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16)
+    fmt = {"type": "audio/pcmu"}
+    async with connect(server) as c:
+        await c.next()
+        await c.send(
+            {
+                "type": "session.update",
+                "session": {
+                    "type": "realtime",
+                    "audio": {"input": {"format": fmt}, "output": {"format": fmt}},
+                },
+            }
+        )
+        echo = (await c.next())["session"]["audio"]
+        assert echo["input"]["format"] == fmt and echo["output"]["format"] == fmt
+        got = bytearray()
+        for i in range(0, 8000, 800):
+            await c.send(
+                {
+                    "type": "input_audio_buffer.append",
+                    "audio": base64.b64encode(ulaw_encode(tone[i : i + 800]).tobytes()).decode(),
+                }
+            )
+            await asyncio.sleep(0.1)
+        with contextlib.suppress(TimeoutError):
+            while len(got) < 8000:
+                ev = await c.next(2.0)
+                if ev["type"] == "response.output_audio.delta":
+                    got += base64.b64decode(ev["delta"])
+    pcm = ulaw_decode(bytes(got))
+    spec = np.abs(np.fft.rfft(pcm.astype(np.float64) * np.hanning(len(pcm))))
+    assert abs(float(np.fft.rfftfreq(len(pcm), 1 / 8000)[int(np.argmax(spec))]) - 440) < 20
+
+
+async def test_input_faster_than_real_time_is_dropped_then_closed(server: ServerProcess) -> None:
+    second = base64.b64encode(bytes(48000)).decode()  # 1 s of PCM16 24 kHz silence
+    async with connect(server) as c:
+        await c.next()
+        for _ in range(3):
+            await c.send({"type": "input_audio_buffer.append", "audio": second})
+        await c.error("input_backpressure")
+        deadline = asyncio.get_running_loop().time() + 3.0
+        with contextlib.suppress(websockets.ConnectionClosed):
+            while asyncio.get_running_loop().time() < deadline:
+                await c.send({"type": "input_audio_buffer.append", "audio": second})
+                await asyncio.sleep(0.2)
+        assert await c.closed() == 1013

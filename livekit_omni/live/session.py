@@ -34,6 +34,7 @@ from engine_bridge.client import EngineSession
 from engine_bridge.control import ControlError, EngineLostError, EngineRequestError
 from engine_bridge.formats import ENGINE_OUTPUT_RATE, FRAME_MS
 from livekit_omni.live import wire
+from livekit_omni.live.backpressure import InputBudget, InputVerdict
 from livekit_omni.live.eventlog import event_log
 from livekit_omni.supervisor import EngineUnavailableError
 from media.bridge import SessionBridge
@@ -295,12 +296,12 @@ class LiveSession:
         self._out = bytearray()
         self._out_frames = 0
         self._out_speaking = False
-        # Input backpressure: a leaky bucket of accepted caller audio that drains at real time and holds at most
-        # ``input_burst_s``. Audio that does not fit is dropped; dropping that goes on past the grace ends the session.
-        self._backlog_s = 0.0
-        self._backlog_at = 0.0
+        # Input backpressure (livekit_omni.live.backpressure).
+        limits = self.settings.limits
+        self._budget = InputBudget(
+            burst_s=limits.input_burst_s, grace_s=limits.input_backpressure_grace_s, now=time.monotonic()
+        )
         self._last_input = 0.0
-        self._over_since: float | None = None
         # Timeline bookkeeping: input transcripts are kept non-decreasing.
         self._last_input_ms = 0
         self._last_output_ms = 0
@@ -518,7 +519,8 @@ class LiveSession:
         assert self.bridge is not None and self.config is not None
         self.state = "active"
         self.started_at = time.monotonic()
-        self._last_input = self._backlog_at = self.started_at
+        self._last_input = self.started_at
+        self._budget.reset(self.started_at)
         self.expires_at = int(time.time() + self.settings.limits.session_lifetime_s)
         self.metrics.sessions_total.labels(transport=self.transport.kind).inc()
         self.metrics.active_sessions.labels(transport=self.transport.kind).inc()
@@ -567,29 +569,13 @@ class LiveSession:
 
     def _admit_input(self, seconds: float, now: float) -> bool:
         """Whether ``seconds`` of caller audio fit the burst allowance; reports and enforces backpressure."""
-        limits = self.settings.limits
-        backlog = max(0.0, self._backlog_s - (now - self._backlog_at))
-        self._backlog_at = now
-        if backlog + seconds <= limits.input_burst_s:
-            self._backlog_s = backlog + seconds
-            if self._over_since is not None and self._backlog_s < limits.input_burst_s / 2:
-                self._over_since = None  # drained with margin: the episode is over, a new one warns again
-            return True
-        self._backlog_s = backlog
-        if self._over_since is None:
-            self._over_since = now
-            self.emit(
-                wire.error_event(
-                    "input_backpressure",
-                    f"input audio is arriving faster than real time (more than {limits.input_burst_s:g} s ahead); "
-                    f"the excess is dropped, and the session closes if this persists for "
-                    f"{limits.input_backpressure_grace_s:g} s",
-                )
-            )
-        elif now - self._over_since > limits.input_backpressure_grace_s:
-            # The client was told once (above); now the session ends.
+        verdict = self._budget.admit(seconds, now)
+        if verdict is InputVerdict.DROP_AND_WARN:
+            self.emit(wire.error_event("input_backpressure", self._budget.message()))
+        elif verdict is InputVerdict.CLOSE:
+            # The client was told once; now the session ends.
             self.spawn(self.end("connection_lost", code=CLOSE_TRY_AGAIN, close_reason="input_backpressure"))
-        return False
+        return verdict is InputVerdict.ADMIT
 
     # --- appends, fixtures, mute ----------------------------------------------------------------------------
     async def _on_append(self, cmd: wire.TextAppend) -> None:

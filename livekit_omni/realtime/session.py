@@ -37,6 +37,7 @@ from engine_bridge.client import EngineSession
 from engine_bridge.control import ControlError, EngineLostError, EngineRequestError
 from engine_bridge.formats import FRAME_MS
 from livekit_omni.live import wire as live_wire
+from livekit_omni.live.backpressure import InputBudget, InputVerdict
 from livekit_omni.live.session import (
     CLOSE_INTERNAL,
     CLOSE_NORMAL,
@@ -164,6 +165,10 @@ class RealtimeSession:
         #: response (monotonic), and where the input clock stood when that silence began.
         self._idle_deadline: float | None = None
         self._idle_from_ms = 0.0
+        limits = self.settings.limits
+        self._budget = InputBudget(
+            burst_s=limits.input_burst_s, grace_s=limits.input_backpressure_grace_s, now=time.monotonic()
+        )
         #: The engine's latest context size (tokens), for ``response.done`` usage.
         self._context_tokens = 0
 
@@ -343,6 +348,18 @@ class RealtimeSession:
         fmt = self.config.input_format
         raw = live_wire.decode_audio(ev.audio, fmt)
         ms = len(raw) / fmt.bytes_per_sample / fmt.rate * 1000
+        if not self.manual:
+            # Audio the server consumes at real time (a manual buffer only fills until its commit).
+            verdict = self._budget.admit(ms / 1000, time.monotonic())
+            if verdict is InputVerdict.DROP_AND_WARN:
+                self.error("input_backpressure", self._budget.message())
+            elif verdict is InputVerdict.CLOSE:
+                self.emit(
+                    wire.error_event("input_backpressure", self._budget.message(), type=wire.SERVER_ERROR)
+                )
+                self.spawn(self.end(code=CLOSE_TRY_AGAIN, reason="input_backpressure"))
+            if verdict is not InputVerdict.ADMIT:
+                return
         self._input_ms += ms
         self.metrics.audio_in_seconds.inc(ms / 1000)
         await self.ensure_engine()
