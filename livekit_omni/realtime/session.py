@@ -161,6 +161,8 @@ class RealtimeSession:
         self._feeding = asyncio.Lock()
         self._transcribed = asyncio.Event()
         self._closing = False
+        #: Whether the engine session was opened for manual turn-taking (None: not open yet).
+        self._opened_manual: bool | None = None
         #: server_vad ``idle_timeout_ms``: when the caller's silence after the last response's audio triggers a
         #: response (monotonic), and where the input clock stood when that silence began.
         self._idle_deadline: float | None = None
@@ -198,6 +200,9 @@ class RealtimeSession:
 
     @property
     def manual(self) -> bool:
+        """Manual turn-taking: as the engine session was opened (its turn-taking is fixed then), else as configured."""
+        if self._opened_manual is not None:
+            return self._opened_manual
         return self.config.turn_detection is None
 
     # --- receive path -------------------------------------------------------------------------------------
@@ -325,6 +330,7 @@ class RealtimeSession:
             )
             engine = await open_engine_session(self.hub, engine_cfg, session_id=self.id)
             self.engine = engine
+            self._opened_manual = cfg.turn_detection is None
             self.bridge = SessionBridge(engine, self._on_engine_event)
             self.bridge.writer.set_format(cfg.input_format.encoding, cfg.input_format.rate)
             self.state = "active"
