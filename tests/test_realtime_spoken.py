@@ -472,6 +472,9 @@ async def test_out_of_band_response_max_output_tokens_and_idle_timeout(cascade_s
         assert capped["response"]["status"] == "incomplete", capped
         assert capped["response"]["status_details"]["reason"] == "max_output_tokens"
         assert len(words(capped["response"]["output"][0]["content"][0]["transcript"])) <= 6
+        # Its one-time instructions left the engine's conversation with it.
+        log = await engine_log(cascade_server, sid)
+        assert not any("dragon" in e.text.lower() for e in log if e.role == "developer"), log
         timeout = await c.until("input_audio_buffer.timeout_triggered", 20)
         assert timeout["audio_end_ms"] >= timeout["audio_start_ms"]
         follow = await c.until("response.created", 20)

@@ -529,14 +529,13 @@ class RealtimeSession:
             kind, text = _engine_text(it)
             if text:
                 await asyncio.wait_for(engine.append_text(kind, text), ENGINE_REQUEST_TIMEOUT_S)
-        if extra:
-            await asyncio.wait_for(engine.append_text("thinking", extra), ENGINE_REQUEST_TIMEOUT_S)
+        # The extra instructions hold for this response only: the engine removes them when the reply ends.
         if self._untranscribed and self.manual:
-            self.spawn(self._respond_after_transcript(engine, r))
+            self.spawn(self._respond_after_transcript(engine, r, extra))
         else:
-            await asyncio.wait_for(engine.append_text("respond", ""), ENGINE_REQUEST_TIMEOUT_S)
+            await asyncio.wait_for(engine.append_text("respond", extra), ENGINE_REQUEST_TIMEOUT_S)
 
-    async def _respond_after_transcript(self, engine: EngineSession, r: ResponseRecord) -> None:
+    async def _respond_after_transcript(self, engine: EngineSession, r: ResponseRecord, extra: str) -> None:
         """Manual mode: the committed turn's words must be in the conversation before the reply starts."""
         deadline = time.monotonic() + TRANSCRIPT_WAIT_S
         while self._untranscribed and time.monotonic() < deadline and not r.finished:
@@ -546,7 +545,7 @@ class RealtimeSession:
             except TimeoutError:
                 break
         if not r.finished and self.state == "active":
-            await asyncio.wait_for(engine.append_text("respond", ""), ENGINE_REQUEST_TIMEOUT_S)
+            await asyncio.wait_for(engine.append_text("respond", extra), ENGINE_REQUEST_TIMEOUT_S)
 
     def _new_response(self, params: wire.ResponseParams | None = None) -> ResponseRecord:
         params = params or wire.ResponseParams()

@@ -21,6 +21,7 @@ import collections
 import enum
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -133,6 +134,8 @@ class ContextNote:
 
     role: Literal["user", "developer", "assistant"]
     text: str
+    #: For the next reply only (the Realtime dialect's per-response instructions): removed once it ends.
+    transient: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +160,8 @@ class CascadeSessionState(AdapterState):
     #: The reply being produced; never a finished one (it is dropped here as it finishes).
     reply: Reply | None = None
     pending: list[Pending] = field(default_factory=list)
+    #: One-time instructions in the conversation for the reply now running (removed when it ends).
+    transient: list[Segment] = field(default_factory=list)
     turn_records: collections.deque[dict[str, Any]] = field(
         default_factory=lambda: collections.deque(maxlen=TURN_RECORDS)
     )
@@ -397,6 +402,8 @@ class TurnMachine:
             if msg.text:
                 st.pending.append(ContextNote("user" if msg.kind == "user" else "assistant", msg.text))
         elif msg.kind == "respond":
+            if msg.text:
+                st.pending.append(ContextNote("developer", msg.text, transient=True))
             st.pending.append(SpeakRequest())
         else:
             prompt = COMMENTARY_PROMPT + msg.text if msg.text else SPEAK_NOW_PROMPT
@@ -411,8 +418,18 @@ class TurnMachine:
         """Append the waiting context notes to the conversation; speak requests stay queued."""
         for note in st.pending:
             if isinstance(note, ContextNote):
+                start = len(self.thinker.log(session.id))
                 self.thinker.append(session.id, note.role, note.text, epoch=session.epoch)
-                session.log.append(Segment(Role(note.role), note.text, session.epoch))
+                seg = Segment(
+                    Role(note.role),
+                    note.text,
+                    session.epoch,
+                    token_start=start,
+                    token_end=len(self.thinker.log(session.id)),
+                )
+                session.log.append(seg)
+                if note.transient:
+                    st.transient.append(seg)
             elif isinstance(note, TruncateRequest):
                 self._truncate(session, note)
         st.pending = [x for x in st.pending if isinstance(x, SpeakRequest)]
@@ -434,19 +451,35 @@ class TurnMachine:
         kept = req.text.strip()
         if len(kept.split()) >= len(seg.text.split()):
             return  # it already holds no more than what was heard
-        tail = session.log[idx + 1 :]
-        thinker = self.thinker
-        thinker.rollback(session.id, seg.token_start)
         seg.text, seg.interrupted = kept, True
-        if kept:
-            thinker.append(session.id, "assistant", kept, epoch=seg.epoch)
-        seg.token_end = len(thinker.log(session.id))
-        for later in tail:
-            later.token_start = len(thinker.log(session.id))
-            if later.text:
-                thinker.append(session.id, later.role.value, later.text, epoch=later.epoch)
-            later.token_end = len(thinker.log(session.id))
+        self._rebuild_from(session, idx, drop=())
         session.stats.extra["truncations"] = session.stats.extra.get("truncations", 0) + 1
+
+    def _drop_transient(self, session: DuplexSession, st: CascadeSessionState) -> None:
+        """The reply is over: its one-time instructions leave the conversation (no reply runs now)."""
+        if not st.transient:
+            return
+        drop = {id(seg) for seg in st.transient}
+        st.transient = []
+        idx = next((i for i, seg in enumerate(session.log) if id(seg) in drop), None)
+        if idx is not None:
+            self._rebuild_from(session, idx, drop=drop)
+
+    def _rebuild_from(self, session: DuplexSession, idx: int, *, drop: Collection[int]) -> None:
+        """Roll the thinker back to where ``session.log[idx]`` starts and re-append that segment and every later one
+        (their current text; segments whose ``id()`` is in ``drop`` leave the conversation)."""
+        thinker = self.thinker
+        tail = session.log[idx:]
+        thinker.rollback(session.id, tail[0].token_start)
+        del session.log[idx:]
+        for seg in tail:
+            if id(seg) in drop:
+                continue
+            seg.token_start = len(thinker.log(session.id))
+            if seg.text:
+                thinker.append(session.id, seg.role.value, seg.text, epoch=seg.epoch)
+            seg.token_end = len(thinker.log(session.id))
+            session.log.append(seg)
 
     @staticmethod
     def _take_speak_request(st: CascadeSessionState) -> bool:
@@ -550,6 +583,7 @@ class TurnMachine:
                         interrupted=True,
                     )
                 )
+            self._drop_transient(session, st)
             session.stats.barge_ins += 1
             r.advance(
                 ReplyPhase.INTERRUPTED,
@@ -647,6 +681,7 @@ class TurnMachine:
                 token_end=len(self.thinker.log(session.id)),
             )
         )
+        self._drop_transient(session, st)
         r.advance(ReplyPhase.DONE)
         publish_turn(session, st.turn_records, turn_record(r, st.turn), self.thinker)
         st.turn = None
