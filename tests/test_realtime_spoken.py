@@ -53,6 +53,20 @@ async def engine_log(server: ServerProcess, session_id: str) -> list[p.LogEntry]
         await client.close()
 
 
+async def engine_log_when(
+    server: ServerProcess, session_id: str, cond: Any, timeout: float = 10.0
+) -> list[p.LogEntry]:
+    """The engine's conversation log once ``cond(log)`` holds: the engine applies truncates and removals on its
+    scheduler thread, after the command's reply. Fails with the last log if it never does."""
+    deadline = time.monotonic() + timeout
+    while True:
+        log = await engine_log(server, session_id)
+        if cond(log) or time.monotonic() > deadline:
+            assert cond(log), [(e.role, e.text, e.interrupted) for e in log]
+            return log
+        await asyncio.sleep(0.2)
+
+
 class SdkCaller:
     """The openai SDK's Realtime connection, a microphone task at real time, and the log of every event."""
 
@@ -277,9 +291,14 @@ async def test_barge_in_cancels_and_truncate_keeps_words_heard(cascade_server: S
         nxt = await c.logged(lambda e: e["type"] == "response.done" and e["response"]["id"] != rid, 60)
         assert "paris" in nxt["response"]["output"][0]["content"][0]["transcript"].lower(), nxt
         # The engine's conversation holds the truncated answer (the truncate waited for the running reply).
-        log = await engine_log(cascade_server, sid)
-        cut = [e for e in log if e.role == "assistant" and e.turn_id == _turn_of(log, kept_1500)]
-        assert words(cut[0].text) == words(kept_1500), ([(e.role, e.text) for e in log], kept_1500)
+        await engine_log_when(
+            cascade_server,
+            sid,
+            lambda log: (
+                words(next(e for e in log if e.role == "assistant" and e.interrupted).text)
+                == words(kept_1500)
+            ),
+        )
         await c.conn.send(
             {
                 "type": "conversation.item.truncate",
@@ -298,7 +317,11 @@ async def test_barge_in_cancels_and_truncate_keeps_words_heard(cascade_server: S
         await c.conn.send({"type": "conversation.item.retrieve", "item_id": item["id"], "event_id": "gone"})
         err = await c.until("error")
         assert err["error"]["code"] == "item_retrieve_invalid_item_id"
-        after = await engine_log(cascade_server, sid)
+        after = await engine_log_when(
+            cascade_server,
+            sid,
+            lambda log: next(e for e in log if e.role == "assistant" and e.interrupted).text == "",
+        )
     sent = " ".join(
         e["delta"] for e in c.log.of("response.output_audio_transcript.delta") if e["response_id"] == rid
     )
@@ -310,11 +333,6 @@ async def test_barge_in_cancels_and_truncate_keeps_words_heard(cascade_server: S
     later = after[after.index(first_cut) + 1 :]
     assert any(e.role == "user" and "capital" in e.text.lower() for e in later), later
     assert any(e.role == "assistant" and "paris" in e.text.lower() for e in later), later
-
-
-def _turn_of(log: list[p.LogEntry], text: str) -> int:
-    """The turn of the interrupted answer in the engine's log."""
-    return next(e.turn_id for e in log if e.role == "assistant" and e.interrupted)
 
 
 # --- LiveKit's stock RealtimeModel ------------------------------------------------------------------------------
@@ -457,9 +475,11 @@ async def test_out_of_band_response_max_output_tokens_and_idle_timeout(cascade_s
         oob_item = oob["response"]["output"][0]
         assert "paris" in oob_item["content"][0]["transcript"].lower(), oob
         assert oob_item["id"] not in {e["item"]["id"] for e in c.log.of("conversation.item.added")}
-        await asyncio.sleep(0.5)
-        log = await engine_log(cascade_server, sid)
-        assert not any(e.role == "assistant" and "paris" in e.text.lower() for e in log), log
+        await engine_log_when(
+            cascade_server,
+            sid,
+            lambda log: not any(e.role == "assistant" and "paris" in e.text.lower() for e in log),
+        )
         await c.conn.send(
             {
                 "type": "response.create",
@@ -473,8 +493,11 @@ async def test_out_of_band_response_max_output_tokens_and_idle_timeout(cascade_s
         assert capped["response"]["status_details"]["reason"] == "max_output_tokens"
         assert len(words(capped["response"]["output"][0]["content"][0]["transcript"])) <= 6
         # Its one-time instructions left the engine's conversation with it.
-        log = await engine_log(cascade_server, sid)
-        assert not any("dragon" in e.text.lower() for e in log if e.role == "developer"), log
+        await engine_log_when(
+            cascade_server,
+            sid,
+            lambda log: not any("dragon" in e.text.lower() for e in log if e.role == "developer"),
+        )
         timeout = await c.until("input_audio_buffer.timeout_triggered", 20)
         assert timeout["audio_end_ms"] >= timeout["audio_start_ms"]
         follow = await c.until("response.created", 20)

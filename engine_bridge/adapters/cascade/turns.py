@@ -471,7 +471,7 @@ class TurnMachine:
         thinker = self.thinker
         tail = session.log[idx:]
         thinker.rollback(session.id, tail[0].token_start)
-        del session.log[idx:]
+        kept: list[Segment] = []
         for seg in tail:
             if id(seg) in drop:
                 continue
@@ -479,7 +479,9 @@ class TurnMachine:
             if seg.text:
                 thinker.append(session.id, seg.role.value, seg.text, epoch=seg.epoch)
             seg.token_end = len(thinker.log(session.id))
-            session.log.append(seg)
+            kept.append(seg)
+        # One slice assignment: a stats snapshot taken meanwhile (engine core thread) sees the old or the new log.
+        session.log[idx:] = kept
 
     @staticmethod
     def _take_speak_request(st: CascadeSessionState) -> bool:
