@@ -764,13 +764,14 @@ class RealtimeSession:
             return
         match ev:
             case p.SessionClosed():
-                self.spawn(
-                    self.abort(
-                        "session_ended",
-                        f"the engine ended the session ({ev.reason})",
-                        close_code=CLOSE_INTERNAL,
+                if ev.reason == "engine_lost":
+                    code, message = (
+                        "engine_lost",
+                        "the engine stopped; this session cannot continue (a new one can start)",
                     )
-                )
+                else:
+                    code, message = "session_ended", f"the engine ended the session ({ev.reason})"
+                self.spawn(self.abort(code, message, close_code=CLOSE_INTERNAL))
             case p.SpeechStarted():
                 if not self.manual:
                     rec = ItemRecord(
