@@ -71,6 +71,8 @@ TRANSCRIPT_WAIT_S: Final = 10.0
 #: Manual mode: a committed turn whose transcript has not come this long after its audio was fed is given up
 #: (the ASR heard no words in it).
 TRANSCRIPT_GIVE_UP_S: Final = 6.0
+#: A response the engine has not started this long after it was created ends ``failed`` (it never hangs open).
+RESPONSE_START_TIMEOUT_S: Final = 30.0
 #: The most caller audio an uncommitted manual buffer holds (older audio is dropped).
 MAX_BUFFER_S: Final = 60.0
 
@@ -114,6 +116,8 @@ class ResponseRecord:
     audio_buf: bytearray = field(default_factory=bytearray)
     audio_frames: int = 0
     text: str = ""
+    #: When it was created (monotonic): a response the engine never starts fails after a while.
+    created_at: float = field(default_factory=time.monotonic)
     #: ``conversation: "none"``: the answer is not added to the conversation (the engine forgets it afterwards).
     out_of_band: bool = False
     #: The client's ``max_output_tokens`` was reached and the reply is being cut.
@@ -522,9 +526,8 @@ class RealtimeSession:
         extra = (params.instructions or "").strip()
         base = self.config.instructions.strip()
         if base and extra.startswith(base):
-            extra = extra[
-                len(base) :
-            ].strip()  # LiveKit sends the session instructions + "\n" + the extra ones
+            # LiveKit sends the session instructions + "\n" + the extra ones: only the extra ones are new.
+            extra = extra[len(base) :].strip()
         for it in params.input or []:
             kind, text = _engine_text(it)
             if text:
@@ -566,7 +569,16 @@ class RealtimeSession:
 
     def _response_wire(self, r: ResponseRecord, status: str, reason: str | None = None) -> wire.Response:
         details = None
-        if status != "in_progress":
+        if status == "failed":
+            details = wire.StatusDetails(
+                type=status,
+                error=wire.StatusError(
+                    type=wire.SERVER_ERROR,
+                    code="response_not_started",
+                    message=f"the engine did not start the reply within {RESPONSE_START_TIMEOUT_S:g} s",
+                ),
+            )
+        elif status != "in_progress":
             details = wire.StatusDetails(type=status, reason=reason)
         usage = None
         if status != "in_progress":
@@ -890,6 +902,14 @@ class RealtimeSession:
     async def _housekeeping(self) -> None:
         deadline = self.started_at + self.settings.limits.session_lifetime_s
         while self.state == "active":
+            r = self.active
+            if (
+                r is not None
+                and r.reply is None
+                and time.monotonic() - r.created_at > RESPONSE_START_TIMEOUT_S
+            ):
+                # Never left without a response.done: the client could create no other response.
+                self._finish(r, "failed")
             if time.monotonic() >= deadline:
                 self.emit(
                     wire.error_event(

@@ -401,9 +401,17 @@ class ResponseUsage(msgspec.Struct, kw_only=True):
     output_token_details: OutputTokenDetails
 
 
+class StatusError(_Part):
+    type: str
+    code: str | None = None
+    message: str | None = None
+
+
 class StatusDetails(_Part):
     type: str
     reason: str | None = None
+    #: Why a ``failed`` response failed.
+    error: StatusError | None = None
 
 
 class Response(_Part, kw_only=True):
