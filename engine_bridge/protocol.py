@@ -393,6 +393,11 @@ class ReplyDone(_Msg):
     #: The reply text as kept in the conversation (only the played part after a barge-in).
     text: str
     total_samples: int
+    #: Tokens: the context the reply was generated from, the part of it reused from the KV cache (not computed
+    #: again for this reply), and the reply's own generated tokens.
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
 
 
 class BargeIn(_Msg):

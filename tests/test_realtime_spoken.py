@@ -186,7 +186,11 @@ async def test_openai_sdk_realtime_spoken_exchange(cascade_server: ServerProcess
     assert resp["status"] == "completed", resp
     answer = resp["output"][0]["content"][0]["transcript"]
     assert "paris" in answer.lower(), answer
-    assert resp["usage"]["output_tokens"] > 0
+    usage = resp["usage"]
+    # Tokens from the engine: the reply's context, the part of it the KV lease reused (the system prompt at
+    # least: only the caller's words were prefilled), and what it generated.
+    assert usage["output_tokens"] > 0 and usage["input_tokens"] > 0
+    assert 0 < usage["input_token_details"]["cached_tokens"] < usage["input_tokens"], usage
     response_order_ok(c.log.types(), events_of(c.log, rid))
     # Its audio came before response.done, and the transcript deltas add up to the final transcript.
     assert len(c.audio.get(rid, b"")) > 24000 * 2 * 0.5

@@ -639,7 +639,12 @@ def test_typed_messages_join_the_conversation_and_respond_answers_them(
     call.post(TextAppend("respond", "", 0))
     call.drain()
     assert call.of(p.ReplyStarted)
-    call.finish()
+    ckpt = call.reply.ckpt_log_len
+    done = call.finish()
+    # Its usage: the context it came from, all of it already in the KV (nothing new to prefill), and the
+    # generated tokens.
+    assert done.input_tokens == ckpt > 0 and done.cached_tokens == ckpt
+    assert 0 < done.output_tokens <= REPLY_TOKENS
     # respond adds no prompt of its own
     assert not [seg for seg in call.session.log if seg.role == "developer"]
 

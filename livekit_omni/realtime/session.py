@@ -116,6 +116,8 @@ class ResponseRecord:
     audio_buf: bytearray = field(default_factory=bytearray)
     audio_frames: int = 0
     text: str = ""
+    #: The engine's token counts of the reply (ReplyDone): input, cached, output.
+    tokens: tuple[int, int, int] | None = None
     #: When it was created (monotonic): a response the engine never starts fails after a while.
     created_at: float = field(default_factory=time.monotonic)
     #: ``conversation: "none"``: the answer is not added to the conversation (the engine forgets it afterwards).
@@ -582,17 +584,20 @@ class RealtimeSession:
             details = wire.StatusDetails(type=status, reason=reason)
         usage = None
         if status != "in_progress":
-            # The engine reports its context size, not per-reply token counts: output is counted in words of
-            # what was said, input as the context the reply was generated from (docs/protocol.md).
-            said = r.text if not r.audio else " ".join(w for w, _ in (r.item.words if r.item else []))
-            out_tokens = len(said.split())
+            if r.tokens is not None:
+                inp, cached, out = r.tokens
+            else:
+                # Cut before the engine reported its counts (a cancel answers at once): the context size it
+                # last reported, and the words that were said.
+                said = r.text if not r.audio else " ".join(w for w, _ in (r.item.words if r.item else []))
+                inp, cached, out = self._context_tokens, 0, len(said.split())
             usage = wire.ResponseUsage(
-                total_tokens=self._context_tokens + out_tokens,
-                input_tokens=self._context_tokens,
-                output_tokens=out_tokens,
-                input_token_details=wire.InputTokenDetails(text_tokens=self._context_tokens),
+                total_tokens=inp + out,
+                input_tokens=inp,
+                output_tokens=out,
+                input_token_details=wire.InputTokenDetails(text_tokens=inp, cached_tokens=cached),
                 output_token_details=wire.OutputTokenDetails(
-                    text_tokens=out_tokens if not r.audio else 0, audio_tokens=out_tokens if r.audio else 0
+                    text_tokens=out if not r.audio else 0, audio_tokens=out if r.audio else 0
                 ),
             )
         return wire.Response(
@@ -889,6 +894,7 @@ class RealtimeSession:
                     # Cut before it was announced (a cancel that raced the reply's start).
                     self._finish(self.active, "cancelled", self.active.cancel_reason or "client_cancelled")
             return
+        r.tokens = (ev.input_tokens, ev.cached_tokens, ev.output_tokens)
         if ev.interrupted:
             self._flush_audio(r)
             self._finish(r, "cancelled", r.cancel_reason or "turn_detected")

@@ -641,6 +641,8 @@ class TurnMachine:
             # Voice the first words now instead of waiting for the end of the sentence: the caller hears the
             # answer start a few tokens earlier, at the cost of a small prosody break after them.
             clauses += r.splitter.flush()
+        if out.token_id is not None:
+            r.tokens += 1
         if out.text:
             clauses += r.splitter.push(out.text)
             r.text += out.text
