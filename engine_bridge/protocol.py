@@ -117,6 +117,9 @@ class Interrupt(_Msg):
     session_id: str
 
 
+# Conversation edits (the Realtime dialect's conversation.item.truncate/delete and out-of-band responses).
+
+
 class TruncateReply(_Msg):
     """Keep only ``text`` of finished reply ``turn_id`` in the conversation (the Realtime dialect's
     ``conversation.item.truncate``: the whole words the listener heard). The thinker's log is rolled back to the
