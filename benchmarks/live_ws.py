@@ -1,4 +1,4 @@
-"""Live WebSocket facade: CPU per session-second, and how many sessions it streams in real time.
+"""WebSocket facade, both dialects: CPU per session-second, and how many sessions it streams in real time.
 
 What it measures
 ----------------
@@ -22,10 +22,16 @@ waits ``--warmup`` seconds, then observes a ``--window``-second window:
 Everything shares this machine's cores (server, engine, clients), so the table shows each one's CPU: the figure is
 what one box holds with the loopback engine, the facade's own cost is the per-session-second number.
 
-The last stdout line is one JSON object with ``facade_cpu_ms_per_session_second`` (measured at the largest
-real-time N, where fixed costs are amortised) and ``max_sessions_realtime``, plus the per-N rows.
+The same sweep runs for the Realtime dialect (``/v1/realtime``): the client waits for ``session.created``, sends
+the tone as ``input_audio_buffer.append`` and measures ``response.output_audio.delta`` (the loopback echo is one
+long response), so the two figures compare the two projections of the same engine sessions in one run.
+
+The last stdout line is one JSON object with ``facade_cpu_ms_per_session_second`` (Live, measured at the largest
+real-time N, where fixed costs are amortised) and ``max_sessions_realtime``, plus the per-N rows, and the same
+three under ``realtime`` for the Realtime dialect.
 
     .venv/bin/python benchmarks/live_ws.py [--max-sessions 128] [--window 10] [--warmup 2] [--time-cap 240]
+                                           [--dialect both|live|realtime]
 """
 
 from __future__ import annotations
@@ -51,15 +57,19 @@ from benchmarks._common import finish
 from tests.conftest import ServerProcess, start_server
 
 AUDIO_PREFIX = b'{"type":"session.output_audio.delta","delta":"'
+#: Realtime audio deltas: the type comes first, the base64 ``delta`` last (msgspec writes fields in order).
+REALTIME_AUDIO_PREFIX = b'{"type":"response.output_audio.delta"'
+REALTIME_DELTA_KEY = b'"delta":"'
 RATE = 24_000
 STEPS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 256]
 
 
-def append_message() -> str:
+def append_message(dialect: str = "live") -> str:
     """One 100 ms append of a 440 Hz tone at 24 kHz, encoded once and sent by every client."""
     t = np.arange(RATE // 10) / RATE
     pcm = (8000 * np.sin(2 * np.pi * 440 * t)).astype("<i2").tobytes()
-    return json.dumps({"type": "session.input_audio.append", "audio": base64.b64encode(pcm).decode()})
+    etype = "session.input_audio.append" if dialect == "live" else "input_audio_buffer.append"
+    return json.dumps({"type": etype, "audio": base64.b64encode(pcm).decode()})
 
 
 @dataclass
@@ -78,21 +88,24 @@ class Client:
         self.send_lag_max = 0.0
 
 
-async def open_client(url: str, message: str) -> Client:
+async def open_client(url: str, message: str, dialect: str = "live") -> Client:
     from websockets.asyncio.client import connect
 
     ws = await connect(
         url, additional_headers={"Authorization": "Bearer bench"}, compression=None, max_size=None
     )
-    await ws.send(json.dumps({"type": "session.start", "session": {"model": "bench"}}))
+    if dialect == "live":
+        await ws.send(json.dumps({"type": "session.start", "session": {"model": "bench"}}))
+    first = "session.started" if dialect == "live" else "session.created"
     while True:
         ev = json.loads(await ws.recv())
-        if ev["type"] == "session.started":
+        if ev["type"] == first:
             break
         if ev["type"] == "error":
             raise RuntimeError(f"session refused: {ev['error']}")
     c = Client(ws)
-    c.tasks = [asyncio.create_task(_send(c, message)), asyncio.create_task(_receive(c))]
+    receive = _receive(c) if dialect == "live" else _receive_realtime(c)
+    c.tasks = [asyncio.create_task(_send(c, message)), asyncio.create_task(receive)]
     return c
 
 
@@ -126,6 +139,21 @@ async def _receive(c: Client) -> None:
                 c.errors.append(msg[:200].decode(errors="replace"))
 
 
+async def _receive_realtime(c: Client) -> None:
+    with contextlib.suppress(Exception):
+        while True:
+            msg = await c.ws.recv(decode=False)
+            now = time.monotonic()
+            if msg.startswith(REALTIME_AUDIO_PREFIX):
+                b64 = len(msg) - msg.rindex(REALTIME_DELTA_KEY) - len(REALTIME_DELTA_KEY) - 2
+                c.audio_samples += b64 * 3 // 4 // 2
+                if c.last_delta:
+                    c.max_gap = max(c.max_gap, now - c.last_delta)
+                c.last_delta = now
+            elif b'"type":"error"' in msg:
+                c.errors.append(msg[:200].decode(errors="replace"))
+
+
 async def close_client(c: Client) -> None:
     for t in c.tasks:
         t.cancel()
@@ -140,16 +168,20 @@ def cpu_s(proc: psutil.Process) -> float:
     return t.user + t.system
 
 
-async def run_step(server: ServerProcess, n: int, warmup: float, window: float) -> dict[str, Any]:
-    url = server.ws_url + "/v1/live/sessions"
-    message = append_message()
+async def run_step(
+    server: ServerProcess, n: int, warmup: float, window: float, dialect: str = "live"
+) -> dict[str, Any]:
+    url = server.ws_url + ("/v1/live/sessions" if dialect == "live" else "/v1/realtime?model=bench")
+    message = append_message(dialect)
     facade = psutil.Process(server.proc.pid)
     engine = psutil.Process(server.engine_pid())
     me = psutil.Process()
     clients: list[Client] = []
     try:
         for i in range(0, n, 8):  # ramp up in batches: no thundering herd of handshakes
-            clients += await asyncio.gather(*(open_client(url, message) for _ in range(min(8, n - i))))
+            clients += await asyncio.gather(
+                *(open_client(url, message, dialect) for _ in range(min(8, n - i)))
+            )
         await asyncio.sleep(warmup)
         for c in clients:
             c.reset_window()
@@ -197,60 +229,75 @@ async def main_async(args: argparse.Namespace) -> None:
             "LIVEKIT_OMNI_LOG_LEVEL": "WARNING",
         },
     )
-    rows: list[dict[str, Any]] = []
-    t_start = time.monotonic()
+    dialects = ["live", "realtime"] if args.dialect == "both" else [args.dialect]
+    results: dict[str, list[dict[str, Any]]] = {}
     try:
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         print(
-            f"Live WS facade benchmark: loopback engine, {os.cpu_count()} CPUs, window {args.window:g} s, "
+            f"WS facade benchmark: loopback engine, {os.cpu_count()} CPUs, window {args.window:g} s, "
             f"load average {load}"
         )
-        print(
-            f"{'N':>5} {'RT':>3} {'facade %':>9} {'ms/sess·s':>10} {'engine %':>9} {'client %':>9} "
-            f"{'min out':>8} {'max gap':>8} {'send lag':>9}"
-        )
-        for n in [s for s in STEPS if s <= args.max_sessions]:
-            if rows and time.monotonic() - t_start + 2 * (args.warmup + args.window) > args.time_cap:
-                print(f"(stopping: time cap {args.time_cap:g} s)")
-                break
-            row = await run_step(server, n, args.warmup, args.window)
-            if not row["realtime"]:
-                # One retry: this machine is shared, and a burst of someone else's load can stall every process
-                # (the clients' own send lag shows it). A real limit fails twice.
-                await wait_idle(server)
-                print(
-                    f"{n:>5}  NO (min out {row['min_output_ratio']:.3f}, client send lag "
-                    f"{row['client_send_lag_max_ms']:.0f} ms; retrying once)",
-                    flush=True,
-                )
-                row = await run_step(server, n, args.warmup, args.window)
-                row["retried"] = True
-            rows.append(row)
-            print(
-                f"{n:>5} {'yes' if row['realtime'] else 'NO':>3} {row['facade_cpu_pct']:>8.1f}% "
-                f"{row['facade_cpu_ms_per_session_second']:>10.2f} {row['engine_cpu_pct']:>8.1f}% "
-                f"{row['client_cpu_pct']:>8.1f}% {row['min_output_ratio']:>8.3f} {row['max_gap_ms']:>6.0f}ms "
-                f"{row['client_send_lag_max_ms']:>7.0f}ms",
-                flush=True,
-            )
-            if row["errors"]:
-                print("   errors:", row["errors"])
-            await wait_idle(server)
-            if not row["realtime"]:
-                break
+        for dialect in dialects:
+            results[dialect] = await sweep(server, args, dialect)
     finally:
         server.stop()
+    summary = {d: summarize(rows) for d, rows in results.items()}
+    top = summary.get("live") or next(iter(summary.values()))
+    out: dict[str, Any] = {**top, "cpus": os.cpu_count(), "window_s": args.window}
+    if "realtime" in summary and "live" in summary:
+        out["realtime"] = summary["realtime"]
+    finish(out)
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in rows if r["realtime"]]
     best = ok[-1] if ok else None
-    finish(
-        {
-            "facade_cpu_ms_per_session_second": best["facade_cpu_ms_per_session_second"] if best else None,
-            "max_sessions_realtime": best["sessions"] if best else 0,
-            "cpus": os.cpu_count(),
-            "window_s": args.window,
-            "rows": [{k: v for k, v in r.items() if k != "errors"} for r in rows],
-        }
+    return {
+        "facade_cpu_ms_per_session_second": best["facade_cpu_ms_per_session_second"] if best else None,
+        "max_sessions_realtime": best["sessions"] if best else 0,
+        "rows": [{k: v for k, v in r.items() if k != "errors"} for r in rows],
+    }
+
+
+async def sweep(server: ServerProcess, args: argparse.Namespace, dialect: str) -> list[dict[str, Any]]:
+    """The N sweep for one dialect (the time cap applies to each)."""
+    rows: list[dict[str, Any]] = []
+    t_start = time.monotonic()
+    print(f"-- {dialect} dialect")
+    print(
+        f"{'N':>5} {'RT':>3} {'facade %':>9} {'ms/sess·s':>10} {'engine %':>9} {'client %':>9} "
+        f"{'min out':>8} {'max gap':>8} {'send lag':>9}"
     )
+    for n in [s for s in STEPS if s <= args.max_sessions]:
+        if rows and time.monotonic() - t_start + 2 * (args.warmup + args.window) > args.time_cap:
+            print(f"(stopping: time cap {args.time_cap:g} s)")
+            break
+        row = await run_step(server, n, args.warmup, args.window, dialect)
+        if not row["realtime"]:
+            # One retry: this machine is shared, and a burst of someone else's load can stall every process
+            # (the clients' own send lag shows it). A real limit fails twice.
+            await wait_idle(server)
+            print(
+                f"{n:>5}  NO (min out {row['min_output_ratio']:.3f}, client send lag "
+                f"{row['client_send_lag_max_ms']:.0f} ms; retrying once)",
+                flush=True,
+            )
+            row = await run_step(server, n, args.warmup, args.window, dialect)
+            row["retried"] = True
+        rows.append(row)
+        print(
+            f"{n:>5} {'yes' if row['realtime'] else 'NO':>3} {row['facade_cpu_pct']:>8.1f}% "
+            f"{row['facade_cpu_ms_per_session_second']:>10.2f} {row['engine_cpu_pct']:>8.1f}% "
+            f"{row['client_cpu_pct']:>8.1f}% {row['min_output_ratio']:>8.3f} {row['max_gap_ms']:>6.0f}ms "
+            f"{row['client_send_lag_max_ms']:>7.0f}ms",
+            flush=True,
+        )
+        if row["errors"]:
+            print("   errors:", row["errors"])
+        await wait_idle(server)
+        if not row["realtime"]:
+            break
+    return rows
 
 
 def main() -> None:
@@ -259,6 +306,7 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--time-cap", type=float, default=240.0)
+    ap.add_argument("--dialect", choices=["both", "live", "realtime"], default="both")
     asyncio.run(main_async(ap.parse_args()))
 
 

@@ -102,6 +102,11 @@ class EngineSession:
     async def interrupt(self) -> p.Interrupted:
         return await self.client.call(p.Interrupt(req_id=0, session_id=self.id), p.Interrupted)
 
+    async def truncate_reply(self, turn_id: int, text: str) -> None:
+        await self.client.call(
+            p.TruncateReply(req_id=0, session_id=self.id, turn_id=turn_id, text=text), p.Ack
+        )
+
     async def touch(self) -> None:
         await self.client.call(p.Touch(req_id=0, session_id=self.id), p.Ack)
 

@@ -37,7 +37,14 @@ from engine_bridge.control import Address, ControlServer, ServerConnection
 from engine_bridge.doorbell import Doorbell
 from engine_bridge.ring import NATIVE as RING_NATIVE
 from engine_bridge.ring import RingError, RingPair, remove_orphan_segments
-from engine_bridge.session import DuplexSession, InterruptRequest, MuteChange, TextAppend, WrittenAudio
+from engine_bridge.session import (
+    DuplexSession,
+    InterruptRequest,
+    MuteChange,
+    TextAppend,
+    TruncateRequest,
+    WrittenAudio,
+)
 from engine_bridge.text import TextRefused, TextRequest
 
 log = logging.getLogger("engine_bridge.engine")
@@ -266,6 +273,10 @@ class Engine:
                 session.post(InterruptRequest(epoch))
                 self._wake.set()
                 return p.Reply(req_id=cmd.req_id, result=p.Interrupted(epoch=epoch))
+            case p.TruncateReply():
+                session.post(TruncateRequest(cmd.turn_id, cmd.text))
+                self._wake.set()
+                return p.Reply(req_id=cmd.req_id)
             case p.Touch():
                 return p.Reply(req_id=cmd.req_id)
             case p.CloseSession():

@@ -45,6 +45,9 @@ class TurnTakingConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
     prefix_padding_ms: int | None = None
     silence_ms: int | None = None
     barge_in_min_ms: int | None = None
+    #: False: a caller turn is transcribed and kept in the conversation, but no reply starts until the client asks
+    #: (``AppendText(kind="respond")``); the Realtime dialect's ``create_response: false`` and manual mode.
+    auto_reply: bool | None = None
 
 
 class SessionConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -80,7 +83,7 @@ class OpenSession(_Msg):
     config: SessionConfig = msgspec.field(default_factory=SessionConfig)
 
 
-AppendKind = Literal["instructions", "thinking", "commentary", "speak_now"]
+AppendKind = Literal["instructions", "thinking", "commentary", "speak_now", "user", "assistant", "respond"]
 
 
 class AppendText(_Msg):
@@ -88,7 +91,11 @@ class AppendText(_Msg):
 
     * ``instructions``: standing developer instructions;
     * ``thinking``: silent context, no reply requested;
-    * ``commentary`` / ``speak_now``: the model replies now, without waiting for caller speech.
+    * ``commentary`` / ``speak_now``: the model replies now, without waiting for caller speech;
+    * ``user`` / ``assistant``: a typed message of that role (the Realtime dialect's ``conversation.item.create``),
+      no reply requested;
+    * ``respond``: the model replies now to the conversation as it stands, with no added prompt (the Realtime
+      dialect's ``response.create``).
     """
 
     req_id: int
@@ -108,6 +115,21 @@ class Interrupt(_Msg):
 
     req_id: int
     session_id: str
+
+
+# Conversation edits (the Realtime dialect's conversation.item.truncate/delete and out-of-band responses).
+
+
+class TruncateReply(_Msg):
+    """Keep only ``text`` of finished reply ``turn_id`` in the conversation (the Realtime dialect's
+    ``conversation.item.truncate``: the whole words the listener heard). The thinker's log is rolled back to the
+    reply's checkpoint and re-extended with ``text`` and everything after it; applied once no reply runs.
+    A reply already holding no more than ``text``, or unknown, is left alone."""
+
+    req_id: int
+    session_id: str
+    turn_id: int
+    text: str
 
 
 class Touch(_Msg):
@@ -176,6 +198,7 @@ Command = (
     | AppendText
     | SetMute
     | Interrupt
+    | TruncateReply
     | Touch
     | CloseSession
     | GetStats
@@ -353,6 +376,7 @@ RESULT_OF: Final[dict[type[Command], type[ReplyResult]]] = {
     AppendText: TextAppended,
     SetMute: MuteSet,
     Interrupt: Interrupted,
+    TruncateReply: Ack,
     Touch: Ack,
     CloseSession: Ack,
     GetStats: SessionStats,
@@ -458,6 +482,11 @@ class ReplyDone(_Msg):
     #: The reply text as kept in the conversation (only the played part after a barge-in).
     text: str
     total_samples: int
+    #: Tokens: the context the reply was generated from, the part of it reused from the KV cache (not computed
+    #: again for this reply), and the reply's own generated tokens.
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
 
 
 class BargeIn(_Msg):

@@ -234,7 +234,7 @@ class DuplexSession:
 
 @dataclass(frozen=True, slots=True)
 class TextAppend:
-    kind: str  # instructions | thinking | commentary | speak_now
+    kind: str  # a protocol AppendKind
     text: str
     at_ms: int
 
@@ -244,6 +244,14 @@ class InterruptRequest:
     """The client stopped model speech (the epoch was already bumped by the engine core)."""
 
     epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TruncateRequest:
+    """Keep only ``text`` of finished reply ``turn_id`` in the conversation (``TruncateReply``)."""
+
+    turn_id: int
+    text: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
 """The HTTP/WebSocket application: /health, /v1/models, /v1/chat/completions, /metrics, the static frontend, and
-the Live facade routes.
+the Live and Realtime facade routes.
 
 Auth (:mod:`livekit_omni.auth`): with API keys configured, every endpoint but /health and the static page needs
 ``Authorization: Bearer``; HTTP requests without a valid key get 401, WebSocket upgrades are checked by the facade.
@@ -26,6 +26,7 @@ from livekit_omni.auth import AuthMiddleware
 from livekit_omni.chat import routes as chat_routes
 from livekit_omni.live.routes import routes as live_routes
 from livekit_omni.metrics import Metrics
+from livekit_omni.realtime.routes import routes as realtime_routes
 from livekit_omni.settings import Settings
 from livekit_omni.supervisor import EngineState, EngineSupervisor
 
@@ -103,6 +104,7 @@ def create_app(settings: Settings, *, supervisor: EngineSupervisor | None = None
     ]
     routes += live_routes()
     routes += chat_routes()
+    routes += realtime_routes()
     if FRONTEND_DIR.is_dir():
         routes.append(Mount("/static", StaticFiles(directory=FRONTEND_DIR), name="static"))
     app = Starlette(

@@ -257,8 +257,12 @@ async def _wait_for(cond: Any, timeout: float) -> None:
     raise TimeoutError
 
 
-async def test_livekit_gpt_live_model_two_turn_conversation(cascade_server: ServerProcess) -> None:
-    model = GPTLiveModel(base_url=f"{cascade_server.url}/v1", api_key=API_KEY, delegation="client")
+async def test_livekit_gpt_live_model_stock_defaults_two_turn_conversation(
+    cascade_server: ServerProcess,
+) -> None:
+    """Stock ``GPTLiveModel(base_url=..., api_key=...)``, no other argument: its default ``responses`` delegation
+    is accepted and the engine's own model answers both spoken turns."""
+    model = GPTLiveModel(base_url=f"{cascade_server.url}/v1", api_key=API_KEY)
     session = AgentSession(llm=model, aec_warmup_duration=None)
     mic, speaker = Mic(), Speaker()
     session.input.audio, session.output.audio = mic, speaker

@@ -190,7 +190,7 @@ async def test_webrtc_bare_path_and_permissions(server: ServerProcess) -> None:
         ),
         (
             {
-                "session": {"model": "m", "delegation": {"type": "responses"}},
+                "session": {"model": "m", "delegation": {"type": "decisions"}},
                 "transport": {"type": "webrtc", "sdp": "v=0"},
             },
             "unsupported_delegation",

@@ -149,7 +149,6 @@ def test_resolve_config_defaults_and_resource_validate_against_the_sdk() -> None
 @pytest.mark.parametrize(
     ("session", "code", "param"),
     [
-        ({"delegation": {"type": "responses"}}, "unsupported_delegation", "session.delegation.type"),
         ({"delegation": {"type": "decisions"}}, "unsupported_delegation", "session.delegation.type"),
         ({"delegation": {"type": "robots"}}, "invalid_value", "session.delegation.type"),
         ({"triggers": [{"type": "decisions"}]}, "unsupported_triggers", "session.triggers"),
@@ -174,6 +173,30 @@ def test_resolve_config_refusals(session: dict, code: str, param: str) -> None:
     assert (e.value.code, e.value.param) == (code, param)
     if code == "unsupported_delegation":
         assert "client" in e.value.message
+
+
+def test_responses_delegation_is_accepted_and_echoed() -> None:
+    """LiveKit's GPTLiveModel defaults to responses delegation: accepted, its backend settings echoed."""
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    cfg = wire.resolve_config(
+        start_config(delegation={"type": "responses", "responses": {"model": "gpt-5.6-luna", "tools": tools}})
+    )
+    assert cfg.delegation == wire.Delegation(
+        type="responses", responses={"model": "gpt-5.6-luna", "tools": tools}, acknowledgement_delay_ms=0
+    )
+    res = wire.session_resource(cfg, session_id="live_x", expires_at=123)
+    SessionStartedEvent.model_validate(json.loads(wire.encode(wire.SessionStarted(session=res))), strict=True)
+    # Updates are sparse (LiveKit sends only the new tools) and keep the type.
+    new = wire.check_update(
+        msgspec.convert({"delegation": {"type": "responses", "responses": {"tools": []}}}, wire.UpdateConfig),
+        cfg.delegation,
+    )
+    assert new == wire.Delegation(
+        type="responses", responses={"model": "gpt-5.6-luna", "tools": []}, acknowledgement_delay_ms=0
+    )
+    with pytest.raises(wire.WireError) as e:
+        wire.check_update(msgspec.convert({"delegation": {"type": "client"}}, wire.UpdateConfig), new)
+    assert e.value.code == "immutable_field"
 
 
 def test_update_rules() -> None:

@@ -207,12 +207,23 @@ async def test_bare_path_and_query_params_are_accepted(server: ServerProcess) ->
     await c.close()
 
 
-@pytest.mark.parametrize("kind", ["responses", "decisions"])
-async def test_unsupported_delegation_is_refused_and_closed(server: ServerProcess, kind: str) -> None:
+async def test_responses_delegation_is_accepted(server: ServerProcess) -> None:
+    """GPTLiveModel's default delegation: the session starts with it echoed, and no delegation event follows."""
     c = await LiveClient.connect(server.url)
     try:
-        extra = {"responses": {"model": "gpt-5.6-luna"}} if kind == "responses" else {"decisions": {}}
-        ev = await c.start({"model": "m", "delegation": {"type": kind, **extra}})
+        responses = {"model": "gpt-5.6-luna", "tools": []}
+        ev = await c.start({"model": "m", "delegation": {"type": "responses", "responses": responses}})
+        assert isinstance(ev, wire.SessionStarted), ev
+        assert ev.session.delegation.type == "responses" and ev.session.delegation.responses == responses
+        await still_alive(c)
+    finally:
+        await c.close()
+
+
+async def test_unsupported_delegation_is_refused_and_closed(server: ServerProcess) -> None:
+    c = await LiveClient.connect(server.url)
+    try:
+        ev = await c.start({"model": "m", "delegation": {"type": "decisions", "decisions": {}}})
         assert isinstance(ev, wire.Error) and ev.error.code == "unsupported_delegation", ev
         assert "client" in ev.error.message and ev.error.client_event_id == "start"
         assert await c.wait_closed() == 1008
@@ -283,9 +294,11 @@ async def test_unknown_event(server: ServerProcess) -> None:
         await c.send({"type": "session.frobnicate", "event_id": "u1"})
         ev = await expect_error(c, "unknown_event")
         assert ev.error.client_event_id == "u1" and "session.frobnicate" in ev.error.message
-        await c.send({"type": "response.create", "event_id": "r1"})  # known, but needs responses delegation
+        await c.send(
+            {"type": "response.create", "event_id": "r1"}
+        )  # known, but there is no Responses backend
         ev = await expect_error(c, "unsupported_event")
-        assert "client" in ev.error.message
+        assert "Responses backend" in ev.error.message
         await still_alive(c)
     finally:
         await c.close()
@@ -338,7 +351,7 @@ async def test_immutable_update_is_refused_and_allowed_update_applies(server: Se
                 "session": {"delegation": {"type": "responses", "responses": {}}},
             }
         )
-        await expect_error(c, "unsupported_delegation")
+        await expect_error(c, "immutable_field")
         await c.send(
             {
                 "type": "session.update",

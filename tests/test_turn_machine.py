@@ -34,7 +34,7 @@ from engine_bridge.config import EngineSettings
 from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE, INPUT_FRAME_SAMPLES
 from engine_bridge.reply import NO_REPLY, TRANSITIONS, IllegalTransition, ReplyPhase
 from engine_bridge.ring import RingPair
-from engine_bridge.session import DuplexSession, InterruptRequest, TextAppend, WrittenAudio
+from engine_bridge.session import DuplexSession, InterruptRequest, TextAppend, TruncateRequest, WrittenAudio
 from engine_bridge.speech.asr import Transcriber, Word
 from engine_bridge.speech.tts import Synthesizer
 from engine_bridge.speech.vad import SpeechStopped
@@ -623,3 +623,86 @@ def test_closing_mid_reply_cancels_it_without_events(make_call: Callable[..., Ca
     assert r.phase is ReplyPhase.CANCELLED and len(call.events) == n_events
     call.tts()  # queued TTS work for it voices nothing
     assert not call.session.outbox and r.stale
+
+
+# ------------------------------------------------------------------------------------------- the Realtime dialect's commands
+def test_typed_messages_join_the_conversation_and_respond_answers_them(
+    make_call: Callable[..., Call],
+) -> None:
+    call = make_call()
+    call.post(TextAppend("user", "What is the capital of France?", 0))
+    call.post(TextAppend("assistant", "Paris.", 0))
+    call.drain()
+    assert call.st.reply is None and not call.of(p.ReplyStarted), "typed messages alone get no reply"
+    roles = [(seg.role, seg.text) for seg in call.session.log[-2:]]
+    assert roles == [("user", "What is the capital of France?"), ("assistant", "Paris.")]
+    call.post(TextAppend("respond", "", 0))
+    call.drain()
+    assert call.of(p.ReplyStarted)
+    ckpt = call.reply.ckpt_log_len
+    done = call.finish()
+    # Its usage: the context it came from, all of it already in the KV (nothing new to prefill), and the
+    # generated tokens.
+    assert done.input_tokens == ckpt > 0 and done.cached_tokens == ckpt
+    assert 0 < done.output_tokens <= REPLY_TOKENS
+    # respond adds no prompt of its own
+    assert not [seg for seg in call.session.log if seg.role == "developer"]
+
+
+def test_one_time_instructions_leave_the_conversation_when_the_reply_ends(
+    make_call: Callable[..., Call],
+) -> None:
+    call = make_call()
+    call.post(TextAppend("user", "hello", 0))
+    call.post(TextAppend("respond", "Say goodbye.", 0))
+    call.drain()
+    assert any(seg.text == "Say goodbye." for seg in call.session.log), "in the context while the reply runs"
+    before_reply = call.reply.ckpt_log_len
+    done = call.finish()
+    texts = [seg.text for seg in call.session.log]
+    assert "Say goodbye." not in texts and "hello" in texts
+    assert call.session.log[-1].role == "assistant" and call.session.log[-1].turn_id == done.turn_id
+    # The token log was rebuilt without them: shorter than it was when the reply started, plus the reply.
+    assert log_len(call) == call.session.log[-1].token_end
+    assert call.session.log[-1].token_start < before_reply
+
+
+def test_truncate_reply_keeps_the_words_heard_and_rebuilds_what_followed(
+    make_call: Callable[..., Call],
+) -> None:
+    call = make_call()
+    call.post(TextAppend("respond", "", 0))
+    call.drain()
+    done = call.finish()
+    full = call.session.log[-1].text
+    assert len(full.split()) > 2
+    call.post(TextAppend("user", "and then?", 0))
+    call.drain()
+    kept = " ".join(full.split()[:2])
+    call.post(TruncateRequest(done.turn_id, kept))
+    call.drain()
+    answer = next(seg for seg in call.session.log if seg.role == "assistant" and seg.turn_id == done.turn_id)
+    assert answer.text == kept and answer.interrupted
+    assert call.session.log[-1].text == "and then?"  # what followed is still there
+    assert log_len(call) == call.session.log[-1].token_end
+    # Truncating to more than it holds changes nothing; an unknown turn is ignored.
+    n = log_len(call)
+    call.post(TruncateRequest(done.turn_id, full))
+    call.post(TruncateRequest(999, ""))
+    call.drain()
+    assert log_len(call) == n and answer.text == kept
+
+
+def test_auto_reply_off_transcribes_turns_without_replying(make_call: Callable[..., Call]) -> None:
+    call = make_call(["what time is it"], auto_reply=False)
+    start, end = call.caller_speaks()
+    call.drain()
+    call.endpoint(start, end)
+    call.drain()
+    call.asr()
+    assert [e.text for e in call.of(p.InputTranscript)] == ["what time is it"]
+    assert call.st.reply is None and not call.of(p.ReplyStarted)
+    assert call.session.log[-1].role == "user" and call.session.log[-1].text == "what time is it"
+    call.post(TextAppend("respond", "", 0))
+    call.drain()
+    assert call.of(p.ReplyStarted)

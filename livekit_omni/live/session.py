@@ -34,6 +34,7 @@ from engine_bridge.client import EngineSession
 from engine_bridge.control import ControlError, EngineLostError, EngineRequestError
 from engine_bridge.formats import ENGINE_OUTPUT_RATE, FRAME_MS
 from livekit_omni.live import wire
+from livekit_omni.live.backpressure import InputBudget, InputVerdict
 from livekit_omni.live.eventlog import event_log
 from livekit_omni.supervisor import EngineUnavailableError
 from media.bridge import SessionBridge
@@ -161,27 +162,42 @@ class FixtureOverlay:
         )
 
 
+class HubSession(Protocol):
+    """What the hub needs of a facade session, whichever dialect it speaks (Live or Realtime)."""
+
+    id: str
+
+    def tick(self) -> None:
+        """Produce one 20 ms output frame (WebSocket sessions, from the hub's clock)."""
+
+    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]: ...
+
+    async def abort(self, code: str, message: str, *, close_code: int) -> None:
+        """End the session with an ``error`` (type ``server_error``) and close ``close_code``."""
+
+
 class LiveHub:
-    """The facade's shared state: open sessions (for metrics and graceful shutdown) and the 20 ms output clock."""
+    """The facade's shared state: open sessions of both dialects (for metrics and graceful shutdown) and the 20 ms
+    output clock."""
 
     def __init__(self, settings: Settings, supervisor: EngineSupervisor, metrics: Metrics) -> None:
         self.settings = settings
         self.supervisor = supervisor
         self.metrics = metrics
-        self.sessions: set[LiveSession] = set()
-        self._ticking: dict[LiveSession, None] = {}  # insertion-ordered set
+        self.sessions: set[HubSession] = set()
+        self._ticking: dict[HubSession, None] = {}  # insertion-ordered set
         self._clock_task: asyncio.Task[None] | None = None
         #: The shared output clock while it runs (its ``late``/``skipped`` counters show a loop that fell behind).
         self.pacer: Pacer | None = None
 
-    def add(self, s: LiveSession) -> None:
+    def add(self, s: HubSession) -> None:
         self.sessions.add(s)
 
-    def discard(self, s: LiveSession) -> None:
+    def discard(self, s: HubSession) -> None:
         self.sessions.discard(s)
         self._ticking.pop(s, None)
 
-    def start_ticking(self, s: LiveSession) -> None:
+    def start_ticking(self, s: HubSession) -> None:
         self._ticking[s] = None
         if self._clock_task is None or self._clock_task.done():
             self._clock_task = asyncio.create_task(self._clock(), name="live-output-clock")
@@ -196,30 +212,44 @@ class LiveHub:
                 except Exception:
                     log.exception("session %s: output tick failed; closing it", s.id)
                     self._ticking.pop(s, None)
-                    s.spawn(
-                        s.end(
-                            "connection_lost",
-                            code=CLOSE_INTERNAL,
-                            error=wire.error_event("internal_error", "output failed", type=wire.SERVER_ERROR),
-                        )
-                    )
+                    s.spawn(s.abort("internal_error", "output failed", close_code=CLOSE_INTERNAL))
 
     async def close_all(self) -> None:
         """Graceful shutdown: every open session gets an error and ``session.closed``, then close 1012."""
         sessions = list(self.sessions)
         await asyncio.gather(
             *(
-                s.end(
-                    "connection_lost",
-                    code=CLOSE_RESTART,
-                    error=wire.error_event(
-                        "server_shutdown", "the server is shutting down", type=wire.SERVER_ERROR
-                    ),
-                )
+                s.abort("server_shutdown", "the server is shutting down", close_code=CLOSE_RESTART)
                 for s in sessions
             ),
             return_exceptions=True,
         )
+
+
+async def open_engine_session(hub: LiveHub, cfg: p.SessionConfig, *, session_id: str) -> EngineSession:
+    """Open one engine session for a facade session of either dialect; refusals become a :class:`WireError`
+    with the code a client's retry policy keys on (``session_limit_reached`` and ``engine_unavailable``: try
+    again, close 1013), and are counted in ``rejected_sessions``."""
+    limits = hub.settings.limits
+
+    def refused(code: str, message: str) -> wire.WireError:
+        hub.metrics.rejected_sessions.labels(reason=code).inc()
+        return wire.WireError(code, message, type=wire.SERVER_ERROR)
+
+    try:
+        return await hub.supervisor.open_session(
+            cfg, session_id=session_id, ingress_seconds=max(4.0, limits.input_burst_s + 1.0)
+        )
+    except EngineUnavailableError as e:
+        raise refused("engine_unavailable", f"the engine is not available ({e}); try again shortly") from e
+    except EngineRequestError as e:
+        if e.code == p.ErrorCode.SESSION_LIMIT_REACHED:
+            raise refused("session_limit_reached", e.message) from e
+        if e.code == p.ErrorCode.ENGINE_LOADING:
+            raise refused("engine_unavailable", e.message) from e
+        raise refused("engine_error", f"the engine refused the session: {e.message}") from e
+    except (ControlError, TimeoutError) as e:
+        raise refused("engine_unavailable", f"the engine did not answer: {e}") from e
 
 
 def hub_of(app: Any) -> LiveHub:
@@ -266,12 +296,12 @@ class LiveSession:
         self._out = bytearray()
         self._out_frames = 0
         self._out_speaking = False
-        # Input backpressure: a leaky bucket of accepted caller audio that drains at real time and holds at most
-        # ``input_burst_s``. Audio that does not fit is dropped; dropping that goes on past the grace ends the session.
-        self._backlog_s = 0.0
-        self._backlog_at = 0.0
+        # Input backpressure (livekit_omni.live.backpressure).
+        limits = self.settings.limits
+        self._budget = InputBudget(
+            burst_s=limits.input_burst_s, grace_s=limits.input_backpressure_grace_s, now=time.monotonic()
+        )
         self._last_input = 0.0
-        self._over_since: float | None = None
         # Timeline bookkeeping: input transcripts are kept non-decreasing.
         self._last_input_ms = 0
         self._last_output_ms = 0
@@ -476,37 +506,21 @@ class LiveSession:
             history=[p.ChatTurn(role=r, text=t) for r, t in cfg.history],  # type: ignore[arg-type]
             voice=cfg.voice_name,
         )
-        limits = self.settings.limits
         try:
-            self.engine = await self.hub.supervisor.open_session(
-                engine_cfg, session_id=self.id, ingress_seconds=max(4.0, limits.input_burst_s + 1.0)
-            )
-        except EngineUnavailableError as e:
-            raise self._refused(
-                "engine_unavailable", f"the engine is not available ({e}); try again shortly"
-            ) from e
-        except EngineRequestError as e:
-            if e.code == p.ErrorCode.SESSION_LIMIT_REACHED:
-                raise self._refused("session_limit_reached", e.message) from e
-            if e.code == p.ErrorCode.ENGINE_LOADING:
-                raise self._refused("engine_unavailable", e.message) from e
-            raise self._refused("engine_error", f"the engine refused the session: {e.message}") from e
-        except (ControlError, TimeoutError) as e:
-            raise self._refused("engine_unavailable", f"the engine did not answer: {e}") from e
+            self.engine = await open_engine_session(self.hub, engine_cfg, session_id=self.id)
+        except wire.WireError:
+            self.state = "closed"
+            raise
         self.bridge = SessionBridge(self.engine, self._on_engine_event)
         self.hub.add(self)
-
-    def _refused(self, code: str, message: str) -> wire.WireError:
-        self.state = "closed"
-        self.metrics.rejected_sessions.labels(reason=code).inc()
-        return wire.WireError(code, message, type=wire.SERVER_ERROR)
 
     def announce(self, *, client_event_id: str | None = None) -> None:
         """Send ``session.started`` and start the session's clocks (after the engine session is open)."""
         assert self.bridge is not None and self.config is not None
         self.state = "active"
         self.started_at = time.monotonic()
-        self._last_input = self._backlog_at = self.started_at
+        self._last_input = self.started_at
+        self._budget.reset(self.started_at)
         self.expires_at = int(time.time() + self.settings.limits.session_lifetime_s)
         self.metrics.sessions_total.labels(transport=self.transport.kind).inc()
         self.metrics.active_sessions.labels(transport=self.transport.kind).inc()
@@ -555,29 +569,13 @@ class LiveSession:
 
     def _admit_input(self, seconds: float, now: float) -> bool:
         """Whether ``seconds`` of caller audio fit the burst allowance; reports and enforces backpressure."""
-        limits = self.settings.limits
-        backlog = max(0.0, self._backlog_s - (now - self._backlog_at))
-        self._backlog_at = now
-        if backlog + seconds <= limits.input_burst_s:
-            self._backlog_s = backlog + seconds
-            if self._over_since is not None and self._backlog_s < limits.input_burst_s / 2:
-                self._over_since = None  # drained with margin: the episode is over, a new one warns again
-            return True
-        self._backlog_s = backlog
-        if self._over_since is None:
-            self._over_since = now
-            self.emit(
-                wire.error_event(
-                    "input_backpressure",
-                    f"input audio is arriving faster than real time (more than {limits.input_burst_s:g} s ahead); "
-                    f"the excess is dropped, and the session closes if this persists for "
-                    f"{limits.input_backpressure_grace_s:g} s",
-                )
-            )
-        elif now - self._over_since > limits.input_backpressure_grace_s:
-            # The client was told once (above); now the session ends.
+        verdict = self._budget.admit(seconds, now)
+        if verdict is InputVerdict.DROP_AND_WARN:
+            self.emit(wire.error_event("input_backpressure", self._budget.message()))
+        elif verdict is InputVerdict.CLOSE:
+            # The client was told once; now the session ends.
             self.spawn(self.end("connection_lost", code=CLOSE_TRY_AGAIN, close_reason="input_backpressure"))
-        return False
+        return verdict is InputVerdict.ADMIT
 
     # --- appends, fixtures, mute ----------------------------------------------------------------------------
     async def _on_append(self, cmd: wire.TextAppend) -> None:
@@ -829,3 +827,8 @@ class LiveSession:
     async def transport_closed(self) -> None:
         """The client went away (socket closed, peer failed): release everything, send nothing."""
         await self.end(None, code=CLOSE_NORMAL, notify=False)
+
+    async def abort(self, code: str, message: str, *, close_code: int) -> None:
+        await self.end(
+            "connection_lost", code=close_code, error=wire.error_event(code, message, type=wire.SERVER_ERROR)
+        )

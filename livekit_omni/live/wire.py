@@ -95,6 +95,9 @@ class AudioConfig(_Part):
 
 class Delegation(_Part):
     type: str
+    #: The Responses backend's settings under ``responses`` delegation (model, tools, ...): accepted and echoed;
+    #: the engine's own thinker answers, and no backend is called (docs/protocol.md).
+    responses: dict[str, Any] | None = None
     acknowledgement_delay_ms: int | None = None
 
 
@@ -205,8 +208,8 @@ TextAppend = InstructionsAppend | ThinkingAppend | CommentaryAppend
 
 #: Commands of the Live protocol this server knows but does not serve, with the reason given to the client.
 UNSUPPORTED_COMMANDS: Final[dict[str, str]] = {
-    "response.item.create": "needs responses delegation; this server supports client delegation only",
-    "response.create": "needs responses delegation; this server supports client delegation only",
+    "response.item.create": "this server's own model answers; it runs no Responses backend and calls no tools",
+    "response.create": "this server's own model answers; it runs no Responses backend and calls no tools",
     "decision.create": "the Decisions API is not available on this server",
     "decision.item.create": "the Decisions API is not available on this server",
     "decision.item.delete": "the Decisions API is not available on this server",
@@ -424,19 +427,25 @@ def resolve_config(cfg: StartConfig, *, with_format: bool = True) -> ResolvedCon
     )
 
 
+#: Delegation types a session may use. ``responses`` (LiveKit's ``GPTLiveModel`` default) is accepted so that stock
+#: clients work unchanged: its backend settings are echoed, the engine's own thinker answers every turn, and no
+#: delegation events are sent (there is no backend to delegate to).
+DELEGATION_TYPES: Final = ("client", "responses")
+
+
 def resolve_delegation(d: Delegation | None, *, current: Delegation | None) -> Delegation:
-    """A start or update delegation -> the resolved ``{type: "client", acknowledgement_delay_ms}``."""
-    kind = "client" if d is None else d.type
-    if kind in ("responses", "decisions"):
+    """A start or update delegation -> the resolved delegation (``type``, ``responses``, ack delay)."""
+    kind = (current.type if current is not None else "client") if d is None else d.type
+    if kind == "decisions":
         raise WireError(
             "unsupported_delegation",
-            f"{kind} delegation is not supported by this server; supported: client",
+            "decisions delegation is not supported by this server; supported: client, responses",
             param="session.delegation.type",
         )
-    if kind != "client":
+    if kind not in DELEGATION_TYPES:
         raise WireError(
             "invalid_value",
-            f"unknown delegation type {kind!r}; supported: client",
+            f"unknown delegation type {kind!r}; supported: client, responses",
             param="session.delegation.type",
         )
     if current is not None and current.type != kind:
@@ -452,7 +461,13 @@ def resolve_delegation(d: Delegation | None, *, current: Delegation | None) -> D
                 param="session.delegation.acknowledgement_delay_ms",
             )
         delay = d.acknowledgement_delay_ms
-    return Delegation(type="client", acknowledgement_delay_ms=delay)
+    responses: dict[str, Any] | None = None
+    if kind == "responses":
+        # Sparse on update: the keys given replace the current ones, the rest are kept.
+        responses = dict(current.responses or {}) if current is not None else {}
+        if d is not None and d.responses:
+            responses.update(d.responses)
+    return Delegation(type=kind, responses=responses, acknowledgement_delay_ms=delay)
 
 
 def _unsupported_triggers() -> WireError:

@@ -178,7 +178,10 @@ class CascadeAdapter(ModelAdapter):
         self.thinker.open(
             session.id, session.config.instructions or None, history or None, examples=self._examples
         )
-        self.machine.open(session, CascadeSessionState(TurnDetector(vs), barge, spec))
+        auto_reply = session.config.turn_taking.auto_reply is not False
+        if not auto_reply:
+            spec = 0  # no reply to start early: every turn is transcribed once, at its endpoint
+        self.machine.open(session, CascadeSessionState(TurnDetector(vs), barge, spec, auto_reply=auto_reply))
         self._refresh_kv()
 
     def close(self, session: DuplexSession) -> None:

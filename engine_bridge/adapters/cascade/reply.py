@@ -72,6 +72,8 @@ class Reply:
     clauses_sent: int = 0
     clauses_done: int = 0
     text: str = ""
+    #: Tokens the thinker generated for it.
+    tokens: int = 0
     first_clause_wall: float | None = None
     # --- under ``lock`` (the TTS worker writes, the scheduler reads at barge-in) ------------------------------
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -120,6 +122,7 @@ class Reply:
                     interrupted=False,
                     text=self.text.strip(),
                     total_samples=self.samples,
+                    **self._usage(),
                 )
             )
         elif cut is not None:
@@ -142,8 +145,19 @@ class Reply:
                     interrupted=True,
                     text=cut.committed_text,
                     total_samples=self.samples,
+                    **self._usage(),
                 )
             )
+
+    def _usage(self) -> dict[str, int]:
+        """ReplyDone's token counts: the context it was generated from (the checkpoint), of which the part the
+        KV lease already held (everything but the caller's newly prefilled words), and the generated tokens."""
+        prefilled = self.append_stats.get("prefill_tokens", 0)
+        return {
+            "input_tokens": self.ckpt_log_len,
+            "cached_tokens": max(0, self.ckpt_log_len - prefilled),
+            "output_tokens": self.tokens,
+        }
 
     @property
     def stale(self) -> bool:

@@ -21,6 +21,7 @@ import collections
 import enum
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -57,6 +58,7 @@ from engine_bridge.session import (
     Role,
     Segment,
     TextAppend,
+    TruncateRequest,
 )
 from engine_bridge.speech.asr import Transcript
 from engine_bridge.speech.text import clean_for_tts
@@ -130,8 +132,10 @@ class CallerTurn:
 class ContextNote:
     """Text for the conversation that waits until no reply runs (a reply's KV must not change under it)."""
 
-    role: Literal["user", "developer"]
+    role: Literal["user", "developer", "assistant"]
     text: str
+    #: For the next reply only (the Realtime dialect's per-response instructions): removed once it ends.
+    transient: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +143,7 @@ class SpeakRequest:
     """A ``speak_now``/``commentary`` asked for a reply while another ran: one reply starts when it ends."""
 
 
-Pending = ContextNote | SpeakRequest
+Pending = ContextNote | SpeakRequest | TruncateRequest
 
 
 @dataclass(slots=True)
@@ -147,6 +151,8 @@ class CascadeSessionState(AdapterState):
     detector: TurnDetector
     barge_in_min_ms: int
     speculative_ms: int
+    #: False: caller turns join the conversation without a reply (the client asks for replies).
+    auto_reply: bool = True
     #: Audio thread only.
     watch: CallerTurnWatch = field(default_factory=CallerTurnWatch)
     # --- scheduler thread only ---
@@ -154,6 +160,8 @@ class CascadeSessionState(AdapterState):
     #: The reply being produced; never a finished one (it is dropped here as it finishes).
     reply: Reply | None = None
     pending: list[Pending] = field(default_factory=list)
+    #: One-time instructions in the conversation for the reply now running (removed when it ends).
+    transient: list[Segment] = field(default_factory=list)
     turn_records: collections.deque[dict[str, Any]] = field(
         default_factory=lambda: collections.deque(maxlen=TURN_RECORDS)
     )
@@ -276,6 +284,10 @@ class TurnMachine:
                     self._on_barge_in(
                         session, st, msg.epoch, session.input_ms, time.monotonic(), barge_in=False
                     )
+            case TruncateRequest():
+                st.pending.append(msg)
+                if st.reply is None:
+                    self._flush_context(session, st)
             case MuteChange():
                 if msg.muted:
                     st.detector.reset()
@@ -372,10 +384,13 @@ class TurnMachine:
             return
         if turn.phase.confirmed:
             self._emit_input(session, st, turn)
-        if st.reply is not None:
-            # A reply is still running (commentary, or the caller's short turn during speech): just log the
-            # caller's words once the reply ends.
+        if st.reply is not None or not st.auto_reply:
+            # A reply is still running (commentary, or the caller's short turn during speech), or the client asks
+            # for replies itself: just log the caller's words (once no reply runs).
             st.pending.append(ContextNote("user", text))
+            if st.reply is None:
+                self._flush_context(session, st)
+                session.set_state(p.SessionState.LISTENING)
             return
         self._start_reply(session, st, user_text=text, turn=turn)
 
@@ -383,6 +398,13 @@ class TurnMachine:
         if msg.kind in ("instructions", "thinking"):
             if msg.text:
                 st.pending.append(ContextNote("developer", msg.text))
+        elif msg.kind in ("user", "assistant"):
+            if msg.text:
+                st.pending.append(ContextNote("user" if msg.kind == "user" else "assistant", msg.text))
+        elif msg.kind == "respond":
+            if msg.text:
+                st.pending.append(ContextNote("developer", msg.text, transient=True))
+            st.pending.append(SpeakRequest())
         else:
             prompt = COMMENTARY_PROMPT + msg.text if msg.text else SPEAK_NOW_PROMPT
             st.pending.append(ContextNote("developer", prompt))
@@ -396,9 +418,70 @@ class TurnMachine:
         """Append the waiting context notes to the conversation; speak requests stay queued."""
         for note in st.pending:
             if isinstance(note, ContextNote):
+                start = len(self.thinker.log(session.id))
                 self.thinker.append(session.id, note.role, note.text, epoch=session.epoch)
-                session.log.append(Segment(Role(note.role), note.text, session.epoch))
+                seg = Segment(
+                    Role(note.role),
+                    note.text,
+                    session.epoch,
+                    token_start=start,
+                    token_end=len(self.thinker.log(session.id)),
+                )
+                session.log.append(seg)
+                if note.transient:
+                    st.transient.append(seg)
+            elif isinstance(note, TruncateRequest):
+                self._truncate(session, note)
         st.pending = [x for x in st.pending if isinstance(x, SpeakRequest)]
+
+    def _truncate(self, session: DuplexSession, req: TruncateRequest) -> None:
+        """Keep only ``req.text`` of reply ``req.turn_id``: roll the thinker back to the reply's checkpoint, append
+        the kept words, then re-append what followed (one tail rebuild when it is not the last message)."""
+        idx = next(
+            (
+                i
+                for i in range(len(session.log) - 1, -1, -1)
+                if session.log[i].role is Role.ASSISTANT and session.log[i].turn_id == req.turn_id
+            ),
+            None,
+        )
+        if idx is None:
+            return
+        seg = session.log[idx]
+        kept = req.text.strip()
+        if len(kept.split()) >= len(seg.text.split()):
+            return  # it already holds no more than what was heard
+        seg.text, seg.interrupted = kept, True
+        self._rebuild_from(session, idx, drop=())
+        session.stats.extra["truncations"] = session.stats.extra.get("truncations", 0) + 1
+
+    def _drop_transient(self, session: DuplexSession, st: CascadeSessionState) -> None:
+        """The reply is over: its one-time instructions leave the conversation (no reply runs now)."""
+        if not st.transient:
+            return
+        drop = {id(seg) for seg in st.transient}
+        st.transient = []
+        idx = next((i for i, seg in enumerate(session.log) if id(seg) in drop), None)
+        if idx is not None:
+            self._rebuild_from(session, idx, drop=drop)
+
+    def _rebuild_from(self, session: DuplexSession, idx: int, *, drop: Collection[int]) -> None:
+        """Roll the thinker back to where ``session.log[idx]`` starts and re-append that segment and every later one
+        (their current text; segments whose ``id()`` is in ``drop`` leave the conversation)."""
+        thinker = self.thinker
+        tail = session.log[idx:]
+        thinker.rollback(session.id, tail[0].token_start)
+        kept: list[Segment] = []
+        for seg in tail:
+            if id(seg) in drop:
+                continue
+            seg.token_start = len(thinker.log(session.id))
+            if seg.text:
+                thinker.append(session.id, seg.role.value, seg.text, epoch=seg.epoch)
+            seg.token_end = len(thinker.log(session.id))
+            kept.append(seg)
+        # One slice assignment: a stats snapshot taken meanwhile (engine core thread) sees the old or the new log.
+        session.log[idx:] = kept
 
     @staticmethod
     def _take_speak_request(st: CascadeSessionState) -> bool:
@@ -502,6 +585,7 @@ class TurnMachine:
                         interrupted=True,
                     )
                 )
+            self._drop_transient(session, st)
             session.stats.barge_ins += 1
             r.advance(
                 ReplyPhase.INTERRUPTED,
@@ -570,6 +654,8 @@ class TurnMachine:
             # Voice the first words now instead of waiting for the end of the sentence: the caller hears the
             # answer start a few tokens earlier, at the cost of a small prosody break after them.
             clauses += r.splitter.flush()
+        if out.token_id is not None:
+            r.tokens += 1
         if out.text:
             clauses += r.splitter.push(out.text)
             r.text += out.text
@@ -612,6 +698,7 @@ class TurnMachine:
                 token_end=len(self.thinker.log(session.id)),
             )
         )
+        self._drop_transient(session, st)
         r.advance(ReplyPhase.DONE)
         publish_turn(session, st.turn_records, turn_record(r, st.turn), self.thinker)
         st.turn = None

@@ -1,0 +1,1001 @@
+"""One OpenAI Realtime session: a projection of one engine session into the Realtime dialect.
+
+The engine knows nothing of items, responses or the input buffer; this module keeps them in a per-session table
+and drives them from the engine session's events, as the Live projection (:mod:`livekit_omni.live.session`) does
+with its own dialect. Both share the engine-session plumbing: :func:`~livekit_omni.live.session.open_engine_session`,
+the :class:`~media.bridge.SessionBridge` (ingress writer, egress player, event pump, keep-alive) and the hub's
+20 ms output clock.
+
+How the engine drives the table:
+
+* a caller turn (VAD onset ``SpeechStarted``, endpoint ``SpeechStopped``) is a user item: ``speech_started`` at
+  the onset (its true start, prefix padding included), then ``speech_stopped``, ``committed`` and the item's
+  ``added``/``done`` at the endpoint; its ``InputTranscript`` fills the item and, with transcription configured,
+  becomes ``...input_audio_transcription.completed``;
+* a reply (``ReplyStarted``: one turn of one epoch) is a response with one assistant item. Its audio leaves with
+  the frames the output clock pulls (``response.output_audio.delta``), its text with the frame that plays it;
+  ``response.done`` follows the reply's last frame (or at once when it is cut), so no delta ever follows it;
+* a barge-in bumps the epoch (the player drops the stale audio at its next frame) and ends the response
+  ``cancelled``/``turn_detected``; the engine keeps only the words that were sent in the conversation.
+
+The engine session opens lazily, at the first event that needs it (audio, an item, a response), so that the
+client's first ``session.update`` (instructions, voice, turn detection) is what the engine session opens with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from engine_bridge import protocol as p
+from engine_bridge.client import EngineSession
+from engine_bridge.control import ControlError, EngineLostError, EngineRequestError
+from engine_bridge.formats import FRAME_MS
+from livekit_omni.live import wire as live_wire
+from livekit_omni.live.backpressure import InputBudget, InputVerdict
+from livekit_omni.live.session import (
+    CLOSE_INTERNAL,
+    CLOSE_NORMAL,
+    CLOSE_TRY_AGAIN,
+    ENGINE_REQUEST_TIMEOUT_S,
+    LiveHub,
+    Transport,
+    open_engine_session,
+)
+from livekit_omni.realtime import wire
+from livekit_omni.realtime.config import RealtimeConfig
+from media.bridge import SessionBridge
+from media.egress import EgressPlayer, OutputFrame
+
+if TYPE_CHECKING:
+    from livekit_omni.live.wire import WireFormat
+
+log = logging.getLogger(__name__)
+
+#: Output audio goes out in deltas of this many 20 ms frames (a small lead for barge-in).
+AUDIO_CHUNK_FRAMES: Final = 2
+#: ``input_audio_buffer.commit`` needs at least this much audio (OpenAI's rule; clients know its error).
+MIN_COMMIT_MS: Final = 100
+#: Manual mode: the committed buffer goes to the engine followed by this much silence, so its turn detector
+#: endpoints the last word.
+COMMIT_TAIL_MS: Final = 1200
+#: Manual mode: the buffer is fed at this multiple of real time (the ingress ring holds a few seconds).
+COMMIT_FEED_SPEED: Final = 4.0
+#: Manual mode: how long a response waits for a committed turn's transcript before answering anyway.
+TRANSCRIPT_WAIT_S: Final = 10.0
+#: Manual mode: a committed turn whose transcript has not come this long after its audio was fed is given up
+#: (the ASR heard no words in it).
+TRANSCRIPT_GIVE_UP_S: Final = 6.0
+#: A response the engine has not started this long after it was created ends ``failed`` (it never hangs open).
+RESPONSE_START_TIMEOUT_S: Final = 30.0
+#: The most caller audio an uncommitted manual buffer holds (older audio is dropped).
+MAX_BUFFER_S: Final = 60.0
+
+
+@dataclass(slots=True)
+class ItemRecord:
+    """One conversation item: its wire form, and what the projection knows about it."""
+
+    item: wire.Item
+    #: Assistant items: audio sent (ms) and the words with their end (ms within the item's audio).
+    audio_ms: int = 0
+    words: list[tuple[str, int]] = field(default_factory=list)
+    #: User items: the turn's start on the engine's input clock (VAD), or the span of the engine's input a manual
+    #: commit was fed into (to match the transcript to its item).
+    start_ms: int | None = None
+    end_ms: int | None = None
+    #: Assistant items: the engine reply (turn) whose words the conversation holds.
+    turn_id: int | None = None
+
+    @property
+    def id(self) -> str:
+        assert self.item.id is not None
+        return self.item.id
+
+
+@dataclass(slots=True)
+class ResponseRecord:
+    id: str
+    modalities: list[str]
+    metadata: dict[str, Any] | None
+    max_output_tokens: int | str
+    item: ItemRecord | None = None
+    #: The engine reply it projects (epoch, turn), once it started.
+    reply: tuple[int, int] | None = None
+    #: The engine finished generating; the response ends with the reply's last frame.
+    generated: bool = False
+    finished: bool = False
+    cancel_reason: str | None = None
+    #: Output timeline (ms) of the response's first audio frame.
+    first_frame_ms: int | None = None
+    audio_buf: bytearray = field(default_factory=bytearray)
+    audio_frames: int = 0
+    text: str = ""
+    #: The engine's token counts of the reply (ReplyDone): input, cached, output.
+    tokens: tuple[int, int, int] | None = None
+    #: When it was created (monotonic): a response the engine never starts fails after a while.
+    created_at: float = field(default_factory=time.monotonic)
+    #: ``conversation: "none"``: the answer is not added to the conversation (the engine forgets it afterwards).
+    out_of_band: bool = False
+    #: The client's ``max_output_tokens`` was reached and the reply is being cut.
+    capped: bool = False
+
+    @property
+    def audio(self) -> bool:
+        return "audio" in self.modalities
+
+
+class RealtimeSession:
+    """One Realtime session over one transport (WebSocket). See the module docstring."""
+
+    def __init__(self, hub: LiveHub, transport: Transport, *, model: str | None = None) -> None:
+        self.hub = hub
+        self.transport = transport
+        self.settings = hub.settings
+        self.metrics = hub.metrics
+        self.id = "sess_" + secrets.token_hex(12)
+        self.state = "new"  # new -> active (engine open) -> closed
+        self.config = RealtimeConfig(model=model or self.settings.model_name)
+        self.expires_at = int(time.time() + self.settings.limits.session_lifetime_s)
+        self.started_at = time.monotonic()
+        self.engine: EngineSession | None = None
+        self.bridge: SessionBridge | None = None
+        self.player: EgressPlayer | None = None
+        self._opening: asyncio.Lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        #: The conversation: item id -> record, in conversation order.
+        self.items: dict[str, ItemRecord] = {}
+        self.responses: dict[str, ResponseRecord] = {}
+        #: The response in progress (created and not done), if any.
+        self.active: ResponseRecord | None = None
+        #: Engine replies of an epoch before this are stale (the client cancelled them).
+        self._min_epoch = 0
+        #: The user item of the caller's turn in progress (VAD modes).
+        self._speaking: ItemRecord | None = None
+        #: User items waiting for their transcript, oldest first.
+        self._untranscribed: list[ItemRecord] = []
+        #: Manual mode: the uncommitted input buffer (engine-rate agnostic: bytes in the input format).
+        self._buffer = bytearray()
+        self._input_ms = 0.0  # all audio appended, on the dialect's input clock
+        #: Manual mode: engine input fed so far (ms), and the lock that keeps commits in order.
+        self._fed_ms = 0.0
+        self._feeding = asyncio.Lock()
+        self._transcribed = asyncio.Event()
+        self._closing = False
+        #: Whether the engine session was opened for manual turn-taking (None: not open yet).
+        self._opened_manual: bool | None = None
+        #: server_vad ``idle_timeout_ms``: when the caller's silence after the last response's audio triggers a
+        #: response (monotonic), and where the input clock stood when that silence began.
+        self._idle_deadline: float | None = None
+        self._idle_from_ms = 0.0
+        limits = self.settings.limits
+        self._budget = InputBudget(
+            burst_s=limits.input_burst_s, grace_s=limits.input_backpressure_grace_s, now=time.monotonic()
+        )
+        #: The engine's latest context size (tokens), for ``response.done`` usage.
+        self._context_tokens = 0
+
+    # --- plumbing -----------------------------------------------------------------------------------------
+    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def emit(self, ev: wire.ServerEvent) -> None:
+        if self.state == "closed":
+            return
+        if isinstance(ev, wire.Error) and ev.error.code:
+            self.metrics.errors.labels(code=ev.error.code).inc()
+        self.transport.send(wire.encode(ev))
+
+    def error(self, code: str, message: str, *, cid: str | None = None, param: str | None = None) -> None:
+        self.emit(wire.error_event(code, message, param=param, client_event_id=cid))
+
+    def start(self) -> None:
+        """The session exists: ``session.created`` goes out first, unprompted."""
+        self.emit(wire.SessionCreated(session=self._echo()))
+
+    def _echo(self) -> wire.SessionConfig:
+        return self.config.echo(session_id=self.id, expires_at=self.expires_at)
+
+    @property
+    def manual(self) -> bool:
+        """Manual turn-taking: as the engine session was opened (its turn-taking is fixed then), else as configured."""
+        if self._opened_manual is not None:
+            return self._opened_manual
+        return self.config.turn_detection is None
+
+    # --- receive path -------------------------------------------------------------------------------------
+    async def handle_text(self, raw: str | bytes) -> None:
+        if self.state == "closed":
+            return
+        try:
+            ev = wire.decode_client_event(raw)
+        except wire.WireError as e:
+            self.emit(wire.error_from(e))
+            return
+        cid = ev.event_id
+        try:
+            await self._dispatch(ev)
+        except wire.WireError as e:
+            if e.type == wire.SERVER_ERROR and e.code in (
+                "session_limit_reached",
+                "engine_unavailable",
+                "engine_error",
+            ):
+                # The engine session could not open: the client retries on 1013 (LiveKit, the SDK).
+                self.emit(wire.error_from(e, cid))
+                await self.end(
+                    code=CLOSE_TRY_AGAIN if e.code != "engine_error" else CLOSE_INTERNAL, reason=e.code
+                )
+                return
+            self.emit(wire.error_from(e, cid))
+        except (EngineLostError, EngineRequestError, ControlError, TimeoutError) as e:
+            self.emit(
+                wire.error_event(
+                    "engine_error",
+                    f"the engine did not complete {wire.event_type(ev)}: {e}",
+                    type=wire.SERVER_ERROR,
+                    client_event_id=cid,
+                )
+            )
+
+    async def _dispatch(self, ev: wire.ClientEvent) -> None:
+        cid = ev.event_id
+        match ev:
+            case wire.InputAudioAppend():
+                await self._on_append(ev)
+            case wire.SessionUpdate():
+                await self._on_update(ev)
+            case wire.InputAudioCommit():
+                await self._on_commit(cid)
+            case wire.InputAudioClear():
+                self._buffer.clear()
+                self.emit(wire.InputCleared())
+            case wire.OutputAudioClear():
+                # WebRTC's "stop playing"; over the WebSocket it is a cancel of what is playing.
+                if self.active is not None:
+                    await self._cancel(self.active, "client_cancelled")
+            case wire.ItemCreate():
+                await self._on_item_create(ev)
+            case wire.ItemRetrieve():
+                rec = self._item(ev.item_id, "item_retrieve_invalid_item_id", "retrieve")
+                self.emit(wire.ItemRetrieved(item=rec.item))
+            case wire.ItemTruncate():
+                await self._on_truncate(ev)
+            case wire.ItemDelete():
+                rec = self._item(ev.item_id, "item_delete_invalid_item_id", "delete")
+                if rec.turn_id is not None and self.engine is not None:
+                    # A deleted answer leaves the conversation (LiveKit deletes one that was cut before any of
+                    # it played).
+                    await asyncio.wait_for(
+                        self.engine.truncate_reply(rec.turn_id, ""), ENGINE_REQUEST_TIMEOUT_S
+                    )
+                del self.items[ev.item_id]
+                self._untranscribed = [r for r in self._untranscribed if r.id != ev.item_id]
+                self.emit(wire.ItemDeleted(item_id=ev.item_id))
+            case wire.ResponseCreate():
+                await self._on_response_create(ev)
+            case wire.ResponseCancel():
+                r = self.active
+                if r is None or (ev.response_id is not None and ev.response_id != r.id):
+                    # Racing the server's own cancel after a barge-in is normal: a non-fatal error whose text
+                    # LiveKit recognizes and ignores.
+                    raise wire.WireError(
+                        "response_cancel_not_active", "Cancellation failed: no active response found"
+                    )
+                await self._cancel(r, "client_cancelled")
+
+    def _item(self, item_id: str, code: str, what: str) -> ItemRecord:
+        rec = self.items.get(item_id)
+        if rec is None:
+            raise wire.WireError(
+                code, f"Error {what} item: the item with id '{item_id}' does not exist.", param="item_id"
+            )
+        return rec
+
+    # --- session.update -----------------------------------------------------------------------------------
+    async def _on_update(self, ev: wire.SessionUpdate) -> None:
+        new = self.config.apply(ev.session)
+        old = self.config
+        if self.player is not None and new.output_format != old.output_format:
+            raise wire.WireError(
+                "invalid_value",
+                "the output format cannot change once audio has been sent",
+                param="session.audio.output.format",
+            )
+        self.config = new
+        if self.bridge is not None:
+            if new.input_format != old.input_format:
+                self.bridge.writer.set_format(new.input_format.encoding, new.input_format.rate)
+            if new.instructions != old.instructions and new.instructions and self.engine is not None:
+                # After the engine session opened, new instructions join the conversation as standing developer
+                # instructions (the system prompt itself is fixed; rebuilding it is later work).
+                await asyncio.wait_for(
+                    self.engine.append_text("instructions", new.instructions), ENGINE_REQUEST_TIMEOUT_S
+                )
+        self.emit(wire.SessionUpdated(session=self._echo()))
+
+    # --- the engine session -------------------------------------------------------------------------------
+    async def ensure_engine(self) -> EngineSession:
+        """Open the engine session with the configuration as it stands (once)."""
+        async with self._opening:
+            if self.engine is not None:
+                return self.engine
+            if self.state == "closed":
+                raise wire.WireError("session_closed", "the session is closed", type=wire.SERVER_ERROR)
+            cfg = self.config
+            engine_cfg = p.SessionConfig(
+                instructions=cfg.instructions, voice=cfg.voice_name, turn_taking=cfg.turn_taking()
+            )
+            engine = await open_engine_session(self.hub, engine_cfg, session_id=self.id)
+            self.engine = engine
+            self._opened_manual = cfg.turn_detection is None
+            self.bridge = SessionBridge(engine, self._on_engine_event)
+            self.bridge.writer.set_format(cfg.input_format.encoding, cfg.input_format.rate)
+            self.state = "active"
+            self.hub.add(self)
+            self.metrics.sessions_total.labels(transport="realtime").inc()
+            self.metrics.active_sessions.labels(transport="realtime").inc()
+            self.bridge.start()
+            self.spawn(self._housekeeping())
+            self.hub.start_ticking(self)
+            return engine
+
+    def _open_output(self) -> EgressPlayer:
+        assert self.bridge is not None
+        if self.player is None:
+            fmt = self.config.output_format
+            self.player = self.bridge.open_output(rate=fmt.rate, encoding=fmt.encoding)
+        return self.player
+
+    # --- input audio --------------------------------------------------------------------------------------
+    async def _on_append(self, ev: wire.InputAudioAppend) -> None:
+        fmt = self.config.input_format
+        raw = live_wire.decode_audio(ev.audio, fmt)
+        ms = len(raw) / fmt.bytes_per_sample / fmt.rate * 1000
+        if not self.manual:
+            # Audio the server consumes at real time (a manual buffer only fills until its commit).
+            verdict = self._budget.admit(ms / 1000, time.monotonic())
+            if verdict is InputVerdict.DROP_AND_WARN:
+                self.error("input_backpressure", self._budget.message())
+            elif verdict is InputVerdict.CLOSE:
+                self.emit(
+                    wire.error_event("input_backpressure", self._budget.message(), type=wire.SERVER_ERROR)
+                )
+                self.spawn(self.end(code=CLOSE_TRY_AGAIN, reason="input_backpressure"))
+            if verdict is not InputVerdict.ADMIT:
+                return
+        self._input_ms += ms
+        self.metrics.audio_in_seconds.inc(ms / 1000)
+        await self.ensure_engine()
+        assert self.bridge is not None
+        if self.manual:
+            self._buffer += raw
+            cap = int(MAX_BUFFER_S * fmt.rate) * fmt.bytes_per_sample
+            if len(self._buffer) > cap:
+                del self._buffer[: len(self._buffer) - cap]
+            return
+        self.bridge.writer.write(raw)
+
+    async def _on_commit(self, cid: str | None) -> None:
+        fmt = self.config.input_format
+        have_ms = len(self._buffer) / fmt.bytes_per_sample / fmt.rate * 1000
+        if not self.manual:
+            # Under server VAD the server commits at each endpoint; the buffer is what the VAD has not ended yet.
+            have_ms = 0.0 if self._speaking is None else float(MIN_COMMIT_MS)
+        if have_ms < MIN_COMMIT_MS:
+            raise wire.WireError(
+                "input_audio_buffer_commit_empty",
+                f"Error committing input audio buffer: buffer too small. Expected at least {MIN_COMMIT_MS}ms of "
+                f"audio, but buffer only has {have_ms:.2f}ms of audio.",
+            )
+        if not self.manual:
+            return  # the VAD's endpoint commits the turn in progress
+        audio, self._buffer = bytes(self._buffer), bytearray()
+        rec = self._add_item(
+            wire.message_item(
+                wire.new_id("item"), "user", [wire.ContentPart(type="input_audio", transcript=None)]
+            ),
+            committed=True,
+        )
+        tail = bytes(int(fmt.rate * COMMIT_TAIL_MS / 1000) * fmt.bytes_per_sample)
+        if fmt.encoding == "pcmu":
+            tail = b"\xff" * len(tail)
+        elif fmt.encoding == "pcma":
+            tail = b"\xd5" * len(tail)
+        data = audio + tail
+        span_ms = len(data) / fmt.bytes_per_sample / fmt.rate * 1000
+        rec.start_ms, rec.end_ms = int(self._fed_ms), int(self._fed_ms + span_ms)
+        self._fed_ms += span_ms
+        self._untranscribed.append(rec)
+        self._transcribed.clear()
+        self.spawn(self._feed(data, fmt, rec))
+
+    async def _feed(self, data: bytes, fmt: WireFormat, rec: ItemRecord) -> None:
+        """Manual mode: the committed buffer and a silent tail into the engine, at a few times real time, in
+        order behind earlier commits. A turn the ASR heard nothing in is given up after a while."""
+        assert self.bridge is not None
+        async with self._feeding:
+            writer = self.bridge.writer
+            step = int(fmt.rate * 0.1) * fmt.bytes_per_sample  # 100 ms
+            for i in range(0, len(data), step):
+                if self.state == "closed":
+                    return
+                writer.write(data[i : i + step])
+                await asyncio.sleep(0.1 / COMMIT_FEED_SPEED)
+        await asyncio.sleep(TRANSCRIPT_GIVE_UP_S)
+        if rec in self._untranscribed:
+            self._untranscribed.remove(rec)
+            self._transcribed.set()
+
+    # --- items --------------------------------------------------------------------------------------------
+    def _add_item(
+        self, item: wire.Item, *, committed: bool = False, previous: str | None = None, first: bool = False
+    ) -> ItemRecord:
+        """Add an item after ``previous`` (default: the last item; ``first``: before all) and announce it."""
+        rec = ItemRecord(item=item)
+        if first:
+            prev = None
+        else:
+            prev = previous if previous is not None else (next(reversed(self.items)) if self.items else None)
+        self.items[rec.id] = rec
+        if committed:
+            self.emit(wire.InputCommitted(item_id=rec.id, previous_item_id=prev))
+        self.emit(wire.ItemAdded(item=item, previous_item_id=prev))
+        self.emit(wire.ItemDone(item=item, previous_item_id=prev))
+        return rec
+
+    async def _on_item_create(self, ev: wire.ItemCreate) -> None:
+        it = ev.item
+        item_id = it.id or wire.new_id("item")
+        if item_id in self.items:
+            raise wire.WireError(
+                "item_create_duplicate_item_id",
+                f"an item with id '{item_id}' already exists",
+                param="item.id",
+            )
+        prev = ev.previous_item_id
+        if prev not in (None, "root") and prev not in self.items:
+            raise wire.WireError(
+                "item_create_invalid_previous_item_id",
+                f"previous_item_id '{prev}' does not exist",
+                param="previous_item_id",
+            )
+        kind, text = _engine_text(it)
+        if it.type in (None, "message") and it.role not in ("user", "assistant", "system"):
+            raise wire.WireError("invalid_value", "role is user, assistant or system", param="item.role")
+        engine = await self.ensure_engine()
+        if text:
+            await asyncio.wait_for(engine.append_text(kind, text), ENGINE_REQUEST_TIMEOUT_S)
+        stored = wire.Item(
+            id=item_id,
+            type=it.type or "message",
+            object="realtime.item",
+            status="completed",
+            role=it.role,
+            content=[_stored_part(c) for c in it.content] if it.content is not None else None,
+            call_id=it.call_id,
+            name=it.name,
+            arguments=it.arguments,
+            output=it.output,
+        )
+        if stored.type == "message" and not stored.content:
+            stored.content = []
+        rec = self._add_item(stored, previous=None if prev == "root" else prev, first=prev == "root")
+        if prev == "root":
+            # Kept first in the table (the engine's context order is the order the text arrived in).
+            self.items = {rec.id: rec, **{k: v for k, v in self.items.items() if k != rec.id}}
+
+    async def _on_truncate(self, ev: wire.ItemTruncate) -> None:
+        rec = self._item(ev.item_id, "item_truncate_invalid_item_id", "truncate")
+        parts = rec.item.content or []
+        if rec.item.role != "assistant" or not parts or parts[0].type != "output_audio":
+            raise wire.WireError(
+                "unsupported_content_type",
+                "Only model output audio messages can be truncated",
+                param="item_id",
+            )
+        # Clamped to the audio sent and floored, never refused (clients keep tripping over OpenAI's refusals).
+        t = max(0, min(int(ev.audio_end_ms), rec.audio_ms))
+        kept = " ".join(w for w, end in rec.words if end <= t)
+        rec.words = [(w, end) for w, end in rec.words if end <= t]
+        rec.audio_ms = t
+        parts[0].transcript = kept
+        if rec.turn_id is not None and self.engine is not None:
+            # The engine's conversation keeps the same words (applied once no reply runs).
+            await asyncio.wait_for(self.engine.truncate_reply(rec.turn_id, kept), ENGINE_REQUEST_TIMEOUT_S)
+        self.emit(wire.ItemTruncated(item_id=rec.id, content_index=ev.content_index, audio_end_ms=t))
+
+    # --- responses ----------------------------------------------------------------------------------------
+    async def _on_response_create(self, ev: wire.ResponseCreate) -> None:
+        params = ev.response or wire.ResponseParams()
+        if self.active is not None:
+            raise wire.WireError(
+                "conversation_already_has_active_response",
+                f"Conversation already has an active response in progress: {self.active.id}. "
+                "Wait until the response is finished before creating a new one.",
+            )
+        engine = await self.ensure_engine()
+        r = self._new_response(params)
+        self.emit(wire.ResponseCreated(response=self._response_wire(r, "in_progress")))
+        extra = (params.instructions or "").strip()
+        base = self.config.instructions.strip()
+        if base and extra.startswith(base):
+            # LiveKit sends the session instructions + "\n" + the extra ones: only the extra ones are new.
+            extra = extra[len(base) :].strip()
+        for it in params.input or []:
+            kind, text = _engine_text(it)
+            if text:
+                await asyncio.wait_for(engine.append_text(kind, text), ENGINE_REQUEST_TIMEOUT_S)
+        # The extra instructions hold for this response only: the engine removes them when the reply ends.
+        if self._untranscribed and self.manual:
+            self.spawn(self._respond_after_transcript(engine, r, extra))
+        else:
+            await asyncio.wait_for(engine.append_text("respond", extra), ENGINE_REQUEST_TIMEOUT_S)
+
+    async def _respond_after_transcript(self, engine: EngineSession, r: ResponseRecord, extra: str) -> None:
+        """Manual mode: the committed turn's words must be in the conversation before the reply starts."""
+        deadline = time.monotonic() + TRANSCRIPT_WAIT_S
+        while self._untranscribed and time.monotonic() < deadline and not r.finished:
+            self._transcribed.clear()
+            try:
+                await asyncio.wait_for(self._transcribed.wait(), max(0.01, deadline - time.monotonic()))
+            except TimeoutError:
+                break
+        if not r.finished and self.state == "active":
+            await asyncio.wait_for(engine.append_text("respond", extra), ENGINE_REQUEST_TIMEOUT_S)
+
+    def _new_response(self, params: wire.ResponseParams | None = None) -> ResponseRecord:
+        params = params or wire.ResponseParams()
+        mods = params.output_modalities or self.config.output_modalities
+        r = ResponseRecord(
+            id=wire.new_id("resp"),
+            modalities=["text"] if mods == ["text"] else ["audio"],
+            metadata=params.metadata,
+            max_output_tokens=params.max_output_tokens or self.config.max_output_tokens,
+            out_of_band=params.conversation == "none",
+        )
+        self._idle_deadline = None
+        self.responses[r.id] = r
+        while len(self.responses) > 64:
+            self.responses.pop(next(iter(self.responses)))
+        self.active = r
+        return r
+
+    def _response_wire(self, r: ResponseRecord, status: str, reason: str | None = None) -> wire.Response:
+        details = None
+        if status == "failed":
+            details = wire.StatusDetails(
+                type=status,
+                error=wire.StatusError(
+                    type=wire.SERVER_ERROR,
+                    code="response_not_started",
+                    message=f"the engine did not start the reply within {RESPONSE_START_TIMEOUT_S:g} s",
+                ),
+            )
+        elif status != "in_progress":
+            details = wire.StatusDetails(type=status, reason=reason)
+        usage = None
+        if status != "in_progress":
+            if r.tokens is not None:
+                inp, cached, out = r.tokens
+            else:
+                # Cut before the engine reported its counts (a cancel answers at once): the context size it
+                # last reported, and the words that were said.
+                said = r.text if not r.audio else " ".join(w for w, _ in (r.item.words if r.item else []))
+                inp, cached, out = self._context_tokens, 0, len(said.split())
+            usage = wire.ResponseUsage(
+                total_tokens=inp + out,
+                input_tokens=inp,
+                output_tokens=out,
+                input_token_details=wire.InputTokenDetails(text_tokens=inp, cached_tokens=cached),
+                output_token_details=wire.OutputTokenDetails(
+                    text_tokens=out if not r.audio else 0, audio_tokens=out if r.audio else 0
+                ),
+            )
+        return wire.Response(
+            id=r.id,
+            status=status,
+            status_details=details,
+            output=[r.item.item] if r.item is not None else [],
+            conversation_id=None if r.out_of_band else "conv_" + self.id[5:],
+            output_modalities=r.modalities,
+            max_output_tokens=r.max_output_tokens,  # type: ignore[arg-type]
+            metadata=r.metadata,
+            usage=usage,
+        )
+
+    def _bind(self, r: ResponseRecord, epoch: int, turn_id: int) -> None:
+        """The engine's reply (epoch, turn) is this response: its assistant item opens."""
+        r.reply = (epoch, turn_id)
+        part_type = "output_audio" if r.audio else "output_text"
+        item = wire.message_item(
+            wire.new_id("item"),
+            "assistant",
+            [
+                wire.ContentPart(type=part_type, transcript="")
+                if r.audio
+                else wire.ContentPart(type=part_type, text="")
+            ],
+            status="in_progress",
+        )
+        prev = next(reversed(self.items)) if self.items else None
+        rec = ItemRecord(item=item, turn_id=turn_id)
+        r.item = rec
+        self.emit(wire.OutputItemAdded(response_id=r.id, item=_snapshot(item, content=[])))
+        if not r.out_of_band:
+            self.items[rec.id] = rec
+            self.emit(wire.ItemAdded(item=_snapshot(item, content=[]), previous_item_id=prev))
+        part = wire.Part(type="audio", transcript="") if r.audio else wire.Part(type="text", text="")
+        self.emit(wire.ContentPartAdded(response_id=r.id, item_id=rec.id, part=part))
+
+    async def _cancel(self, r: ResponseRecord, reason: str, *, status: str = "cancelled") -> None:
+        assert self.engine is not None
+        r.cancel_reason = reason
+        interrupted = await asyncio.wait_for(self.engine.interrupt(), ENGINE_REQUEST_TIMEOUT_S)
+        self._min_epoch = max(self._min_epoch, interrupted.epoch)
+        self._finish(r, status, reason)
+
+    def _finish(self, r: ResponseRecord, status: str, reason: str | None = None) -> None:
+        """Close the response: the rest of its audio, the ``.done`` events of its parts and item, then
+        ``response.done`` (always last)."""
+        if r.finished:
+            return
+        r.finished = True
+        if self.active is r:
+            self.active = None
+        td = self.config.turn_detection
+        if td is not None and td.idle_timeout_ms:
+            # The idle timer runs from the end of the response's audio (it just finished playing).
+            self._idle_deadline = time.monotonic() + td.idle_timeout_ms / 1000
+            self._idle_from_ms = self._input_ms
+        rec = r.item
+        if rec is not None:
+            self._flush_audio(r)
+            text = " ".join(w for w, _ in rec.words) if r.audio else r.text
+            item_status = "completed" if status == "completed" else "incomplete"
+            part = (rec.item.content or [wire.ContentPart()])[0]
+            if r.audio:
+                part.transcript = text
+                self.emit(wire.OutputAudioDone(response_id=r.id, item_id=rec.id))
+                self.emit(wire.OutputAudioTranscriptDone(response_id=r.id, item_id=rec.id, transcript=text))
+                done_part = wire.Part(type="audio", transcript=text)
+            else:
+                part.text = text
+                self.emit(wire.OutputTextDone(response_id=r.id, item_id=rec.id, text=text))
+                done_part = wire.Part(type="text", text=text)
+            rec.item.status = item_status
+            self.emit(wire.ContentPartDone(response_id=r.id, item_id=rec.id, part=done_part))
+            self.emit(wire.OutputItemDone(response_id=r.id, item=rec.item))
+            if not r.out_of_band:
+                self.emit(wire.ItemDone(item=rec.item))
+        self.emit(wire.ResponseDone(response=self._response_wire(r, status, reason)))
+
+    def _response_of(self, epoch: int, turn_id: int) -> ResponseRecord | None:
+        r = self.active
+        if r is not None and r.reply == (epoch, turn_id):
+            return r
+        return None
+
+    # --- output: one 20 ms frame per tick of the hub's clock ----------------------------------------------
+    def tick(self) -> None:
+        player = self.player
+        if player is None or self.state != "active":
+            return
+        if self._idle_deadline is not None and time.monotonic() >= self._idle_deadline:
+            self._idle_deadline = None
+            self.spawn(self._idle_timeout())
+        frame = player.next_frame()
+        r = self.active
+        if r is None or r.reply is None:
+            return
+        ours = frame.speaking and (frame.epoch, frame.turn_id) == r.reply
+        if ours and r.first_frame_ms is None:
+            r.first_frame_ms = frame.start_ms
+        if r.first_frame_ms is not None and (ours or not r.generated):
+            # From its first frame on, every frame goes out, the pauses between clauses included: the client's
+            # audio of the item is then the server's timeline, so a playback position is a position in it.
+            if r.audio:
+                r.audio_buf += frame.payload.data
+                r.audio_frames += 1
+            if r.item is not None:
+                r.item.audio_ms = frame.start_ms + FRAME_MS - r.first_frame_ms
+        if frame.transcripts:
+            self._flush_audio(r)
+            self._on_words(r, frame)
+        elif r.audio_frames >= AUDIO_CHUNK_FRAMES:
+            self._flush_audio(r)
+        if (
+            r.generated
+            and not (frame.speaking and (frame.epoch, frame.turn_id) == r.reply)
+            and not frame.transcripts
+        ):
+            self._finish(r, "completed")
+
+    async def _idle_timeout(self) -> None:
+        """server_vad ``idle_timeout_ms``: the caller stayed silent after the last answer; the model goes on."""
+        if self.active is not None or self._speaking is not None or self.engine is None:
+            return
+        item_id = wire.new_id("item")
+        self.emit(
+            wire.TimeoutTriggered(
+                audio_start_ms=int(self._idle_from_ms), audio_end_ms=int(self._input_ms), item_id=item_id
+            )
+        )
+        self._add_item(
+            wire.message_item(item_id, "user", [wire.ContentPart(type="input_audio", transcript="")]),
+            committed=True,
+        )
+        td = self.config.turn_detection
+        if td is not None and td.create_response is not False:
+            await asyncio.wait_for(self.engine.append_text("respond", ""), ENGINE_REQUEST_TIMEOUT_S)
+
+    def _on_words(self, r: ResponseRecord, frame: OutputFrame) -> None:
+        rec = r.item
+        if rec is None:
+            return
+        for d in frame.transcripts:
+            if (d.epoch, d.turn_id) != r.reply or not d.text:
+                continue
+            base = r.first_frame_ms if r.first_frame_ms is not None else d.start_ms
+            sep = " " if rec.words else ""
+            rec.words.append((d.text.strip(), max(0, d.end_ms - base)))
+            if r.audio:
+                self.emit(
+                    wire.OutputAudioTranscriptDelta(
+                        response_id=r.id, item_id=rec.id, delta=sep + d.text.strip()
+                    )
+                )
+            else:
+                r.text += sep + d.text.strip()
+                self.emit(wire.OutputTextDelta(response_id=r.id, item_id=rec.id, delta=sep + d.text.strip()))
+            limit = r.max_output_tokens
+            if (
+                isinstance(limit, int)
+                and not r.capped
+                and len(" ".join(w for w, _ in rec.words).split()) >= limit
+            ):
+                # The engine has no token cap per reply: the answer is cut once it has said that many words
+                # (counted as tokens), and the engine keeps the words that were sent.
+                r.capped = True
+                self.spawn(self._cancel(r, "max_output_tokens", status="incomplete"))
+
+    def _flush_audio(self, r: ResponseRecord) -> None:
+        if not r.audio_buf or r.item is None:
+            return
+        self.emit(wire.OutputAudioDelta(response_id=r.id, item_id=r.item.id, delta=bytes(r.audio_buf)))
+        self.metrics.audio_out_seconds.inc(r.audio_frames * FRAME_MS / 1000)
+        r.audio_buf.clear()
+        r.audio_frames = 0
+
+    # --- engine events ------------------------------------------------------------------------------------
+    def _on_engine_event(self, ev: p.SessionEvent) -> None:
+        if self.state == "closed":
+            return
+        match ev:
+            case p.SessionClosed():
+                if ev.reason == "engine_lost":
+                    code, message = (
+                        "engine_lost",
+                        "the engine stopped; this session cannot continue (a new one can start)",
+                    )
+                else:
+                    code, message = "session_ended", f"the engine ended the session ({ev.reason})"
+                self.spawn(self.abort(code, message, close_code=CLOSE_INTERNAL))
+            case p.SpeechStarted():
+                if not self.manual:
+                    rec = ItemRecord(
+                        item=wire.message_item(
+                            wire.new_id("item"),
+                            "user",
+                            [wire.ContentPart(type="input_audio", transcript=None)],
+                        ),
+                        start_ms=ev.at_ms,
+                    )
+                    self._speaking = rec
+                    self._idle_deadline = None
+                    self.emit(wire.SpeechStarted(audio_start_ms=ev.at_ms, item_id=rec.id))
+            case p.SpeechStopped():
+                turn = self._speaking
+                if turn is not None and not self.manual:
+                    self._speaking = None
+                    self.emit(wire.SpeechStopped(audio_end_ms=ev.at_ms, item_id=turn.id))
+                    added = self._add_item(turn.item, committed=True)
+                    added.start_ms = turn.start_ms
+                    self._untranscribed.append(added)
+            case p.BargeIn():
+                self.metrics.barge_ins.inc()
+                r = self.active
+                if r is not None and r.reply is not None and r.cancel_reason is None:
+                    r.cancel_reason = "turn_detected"
+            case p.InputTranscript(final=True):
+                self._on_transcript(ev)
+            case p.ReplyStarted():
+                if ev.epoch < self._min_epoch:
+                    return
+                r = self.active
+                if r is None or r.reply is not None:
+                    if r is not None:
+                        self._finish(r, "completed")
+                    r = self._new_response()
+                    self.emit(wire.ResponseCreated(response=self._response_wire(r, "in_progress")))
+                self._open_output()
+                self._bind(r, ev.epoch, ev.turn_id)
+            case p.ReplyDone():
+                self._on_reply_done(ev)
+            case p.Usage():
+                self._context_tokens = ev.context_tokens
+            case p.SessionError(fatal=False):
+                self.emit(wire.error_event(ev.code, ev.message, type=wire.SERVER_ERROR))
+
+    def _on_transcript(self, ev: p.InputTranscript) -> None:
+        pending = self._untranscribed
+        if not pending:
+            return
+        if self.manual:
+            match = next(
+                (
+                    r
+                    for r in pending
+                    if r.start_ms is not None
+                    and r.end_ms is not None
+                    and r.start_ms <= ev.start_ms < r.end_ms
+                ),
+                None,
+            )
+            if match is None:
+                return  # speech outside any committed span (cannot happen: only commits are fed)
+        else:
+            match = next((r for r in pending if r.start_ms == ev.start_ms), None) or pending[0]
+        # Older items that got no transcript (the ASR heard nothing) are given up.
+        idx = pending.index(match)
+        del pending[: idx + 1]
+        part = (match.item.content or [wire.ContentPart()])[0]
+        part.transcript = (
+            ev.text.strip() if part.transcript is None else f"{part.transcript} {ev.text.strip()}"
+        )
+        if self.config.transcription is not None:
+            seconds = max(0.0, (ev.end_ms - ev.start_ms) / 1000)
+            self.emit(
+                wire.TranscriptionCompleted(
+                    item_id=match.id, transcript=ev.text.strip(), usage=wire.DurationUsage(seconds=seconds)
+                )
+            )
+        self._transcribed.set()
+
+    def _on_reply_done(self, ev: p.ReplyDone) -> None:
+        oob = next(
+            (
+                x
+                for x in reversed(self.responses.values())
+                if x.reply == (ev.epoch, ev.turn_id) and x.out_of_band
+            ),
+            None,
+        )
+        if oob is not None and self.engine is not None:
+            # Out of band: the answer leaves the engine's conversation once it is over.
+            self.spawn(self.engine.truncate_reply(ev.turn_id, ""))
+        r = self._response_of(ev.epoch, ev.turn_id)
+        if r is None:
+            # A reply the client already cancelled: its item keeps only what the engine kept.
+            for old in reversed(self.responses.values()):
+                if old.reply == (ev.epoch, ev.turn_id) and old.item is not None:
+                    _set_text(old, ev.text)
+                    break
+            else:
+                if ev.interrupted and self.active is not None and self.active.reply is None:
+                    # Cut before it was announced (a cancel that raced the reply's start).
+                    self._finish(self.active, "cancelled", self.active.cancel_reason or "client_cancelled")
+            return
+        r.tokens = (ev.input_tokens, ev.cached_tokens, ev.output_tokens)
+        if ev.interrupted:
+            self._flush_audio(r)
+            self._finish(r, "cancelled", r.cancel_reason or "turn_detected")
+            _set_text(r, ev.text)
+        else:
+            r.generated = True
+            if r.text == "" and not r.audio:
+                r.text = ev.text
+
+    # --- housekeeping and the end -------------------------------------------------------------------------
+    async def _housekeeping(self) -> None:
+        deadline = self.started_at + self.settings.limits.session_lifetime_s
+        while self.state == "active":
+            r = self.active
+            if (
+                r is not None
+                and r.reply is None
+                and time.monotonic() - r.created_at > RESPONSE_START_TIMEOUT_S
+            ):
+                # Never left without a response.done: the client could create no other response.
+                self._finish(r, "failed")
+            if time.monotonic() >= deadline:
+                self.emit(
+                    wire.error_event(
+                        "session_expired", "the session reached its lifetime", type=wire.SERVER_ERROR
+                    )
+                )
+                await self.end(code=CLOSE_NORMAL, reason="session_expired")
+                return
+            await asyncio.sleep(min(1.0, max(0.01, deadline - time.monotonic())))
+
+    async def abort(self, code: str, message: str, *, close_code: int) -> None:
+        self.emit(wire.error_event(code, message, type=wire.SERVER_ERROR))
+        await self.end(code=close_code, reason=code)
+
+    async def end(self, *, code: int, reason: str = "") -> None:
+        """End the session once: the socket closes with ``code``, then the engine session."""
+        if self._closing:
+            return
+        self._closing = True
+        was_active = self.state == "active"
+        if self.active is not None and not self.active.finished:
+            self._finish(self.active, "cancelled", "client_cancelled")
+        await self.transport.close(code, reason)
+        self.state = "closed"
+        self.hub.discard(self)
+        current = asyncio.current_task()
+        for t in list(self._tasks):
+            if t is not current:
+                t.cancel()
+        if was_active:
+            self.metrics.active_sessions.labels(transport="realtime").dec()
+        if self.bridge is not None:
+            await self.bridge.close("client")
+        elif self.engine is not None:
+            await self.engine.close("client")
+        log.info("realtime session %s ended (close %d %s)", self.id, code, reason)
+
+    async def transport_closed(self) -> None:
+        """The client went away: release everything."""
+        await self.end(code=CLOSE_NORMAL)
+
+
+def _engine_text(it: wire.Item) -> tuple[p.AppendKind, str]:
+    """What an item puts into the engine's conversation: the append kind and its text."""
+    if it.type == "function_call_output":
+        return "thinking", f"Tool call {it.call_id} returned: {it.output or ''}"
+    if it.type == "function_call":
+        return "thinking", f"Called tool {it.name} with {it.arguments or ''}"
+    texts = [c.text or c.transcript or "" for c in it.content or [] if c.type != "input_image"]
+    text = " ".join(t for t in texts if t).strip()
+    if it.role == "assistant":
+        return "assistant", text
+    if it.role == "system":
+        return "thinking", text
+    return "user", text
+
+
+def _stored_part(c: wire.ContentPart) -> wire.ContentPart:
+    """A content part as the table keeps it: no audio or image bytes (``retrieve`` returns transcripts only)."""
+    ctype = c.type or "input_text"
+    if ctype == "text":
+        ctype = "output_text"
+    return wire.ContentPart(type=ctype, text=c.text, transcript=c.transcript)
+
+
+def _snapshot(item: wire.Item, *, content: list[wire.ContentPart]) -> wire.Item:
+    return wire.Item(
+        id=item.id, type=item.type, object=item.object, status=item.status, role=item.role, content=content
+    )
+
+
+def _set_text(r: ResponseRecord, text: str) -> None:
+    """The engine's kept text of a cut reply: the item holds no more than that."""
+    rec = r.item
+    if rec is None or not rec.item.content:
+        return
+    part = rec.item.content[0]
+    heard = " ".join(w for w, _ in rec.words)
+    kept = text.strip() if len(text.strip()) < len(heard) else heard
+    if r.audio:
+        part.transcript = kept
+    else:
+        part.text = kept

@@ -1,0 +1,81 @@
+"""The Realtime WebSocket (``/v1/realtime`` and any path ending ``/realtime``): auth, subprotocols, framing.
+
+Auth is checked after the upgrade, as on the Live socket: a bad key gets an ``error`` event (``invalid_api_key``,
+which LiveKit and the SDK treat as final) and close 1008. The key comes from ``Authorization: Bearer`` or, for
+browsers (which cannot set headers on a WebSocket), from the subprotocol ``openai-insecure-api-key.<key>``; when
+the client offers the ``realtime`` subprotocol the server selects it, or a browser fails the handshake.
+``?model=`` (every client sends it) names the session's model; other query parameters are ignored.
+
+The outbound queue, writer task and close handling are the Live socket's :class:`WebSocketTransport`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+from starlette.websockets import WebSocket
+
+from livekit_omni.auth import bearer_token, key_is_valid
+from livekit_omni.live.session import CLOSE_POLICY, CLOSE_TRY_AGAIN, hub_of
+from livekit_omni.live.websocket import WebSocketTransport
+from livekit_omni.realtime import wire
+from livekit_omni.realtime.session import RealtimeSession
+
+SUBPROTOCOL: Final = "realtime"
+KEY_SUBPROTOCOL_PREFIX: Final = "openai-insecure-api-key."
+
+
+def _offered_subprotocols(ws: WebSocket) -> list[str]:
+    raw = ws.headers.get("sec-websocket-protocol", "")
+    return [s.strip() for s in raw.split(",") if s.strip()]
+
+
+def _api_key(ws: WebSocket, offered: list[str]) -> str:
+    token = bearer_token(ws.headers)
+    if token:
+        return token
+    for proto in offered:
+        if proto.startswith(KEY_SUBPROTOCOL_PREFIX):
+            return proto[len(KEY_SUBPROTOCOL_PREFIX) :]
+    return ""
+
+
+async def realtime_websocket(ws: WebSocket) -> None:
+    offered = _offered_subprotocols(ws)
+    await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    hub = hub_of(ws.app)
+    transport = WebSocketTransport(ws)
+    session = RealtimeSession(hub, transport, model=ws.query_params.get("model") or None)
+    limit = hub.settings.limits.max_message_bytes
+    try:
+        if not key_is_valid(hub.settings, _api_key(ws, offered)):
+            hub.metrics.rejected_sessions.labels(reason="invalid_api_key").inc()
+            session.emit(
+                wire.error_event(
+                    "invalid_api_key", "missing or invalid API key (send Authorization: Bearer <key>)"
+                )
+            )
+            await session.end(code=CLOSE_POLICY, reason="invalid_api_key")
+            return
+        session.start()
+        while not transport.closed:
+            msg = await ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                return
+            text = msg.get("text")
+            data: str | bytes = text if text is not None else (msg.get("bytes") or b"")
+            if len(data) > limit:
+                session.error(
+                    "message_too_large", f"a message may hold at most {limit} bytes; this one was dropped"
+                )
+                continue
+            await session.handle_text(data)
+    except asyncio.CancelledError:
+        if not transport.aborted:
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+    finally:
+        await session.end(code=CLOSE_TRY_AGAIN if transport.aborted else 1000)
