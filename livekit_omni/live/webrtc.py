@@ -22,6 +22,7 @@ from aiortc import RTCIceServer
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from livekit_omni.drain import DRAINING_CODE, DRAINING_MESSAGE, Drain
 from livekit_omni.live import wire
 from livekit_omni.live.session import CLOSE_TRY_AGAIN, LiveSession, hub_of
 from media.webrtc import SdpError, WebRTCPeer, answer_offer
@@ -126,6 +127,10 @@ def _ice_servers(servers: list[dict[str, Any]]) -> list[RTCIceServer]:
 async def create_webrtc_session(request: Request) -> Response:
     hub = hub_of(request.app)
     settings = hub.settings
+    drain: Drain = request.app.state.drain
+    if not drain.admitting:
+        hub.metrics.rejected_sessions.labels(reason=DRAINING_CODE).inc()
+        return _error(503, DRAINING_CODE, DRAINING_MESSAGE, type=wire.SERVER_ERROR)
     max_sdp = settings.limits.max_sdp_bytes
     body = await _read_body(request, max_sdp + BODY_SLACK_BYTES)
     if body is None:
@@ -159,6 +164,9 @@ async def create_webrtc_session(request: Request) -> Response:
             live.allowed_client_events = frozenset(dc.allowed_client_events)
         if isinstance(dc.allowed_server_events, list):
             live.allowed_server_events = frozenset(x.type for x in dc.allowed_server_events)
+    if not drain.admitting:  # the drain began while the body was read
+        hub.metrics.rejected_sessions.labels(reason=DRAINING_CODE).inc()
+        return _error(503, DRAINING_CODE, DRAINING_MESSAGE, type=wire.SERVER_ERROR)
     try:
         await live.open_or_raise(cfg)
     except wire.WireError as e:
