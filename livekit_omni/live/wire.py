@@ -249,6 +249,9 @@ def decode_command(raw: str | bytes) -> ClientCommand:
     except RecursionError:
         # msgspec refuses nesting deeper than Python's recursion limit by raising this; it is bad input too.
         raise WireError("invalid_json", "the message nests JSON too deeply") from None
+    except UnicodeDecodeError:
+        # msgspec raises this (not DecodeError) for a binary frame that is not UTF-8.
+        raise WireError("invalid_json", "the message is not valid UTF-8") from None
     # Slow path, errors only: find out what kind of wrong it is.
     try:
         env = _envelope_decoder.decode(raw)
