@@ -28,7 +28,7 @@ from tests.conftest import start_server
 #: The server under test: room for the WebRTC offers that are answered but never connect (each holds a slot for
 #: the 30 s connect deadline) without refusing the fuzzer's own sessions.
 SERVER_ENV = {
-    "LIVEKIT_OMNI_ENGINE__MAX_SESSIONS": "24",
+    "LIVEKIT_OMNI_ENGINE__MAX_SESSIONS": "64",
     "LIVEKIT_OMNI_WEBRTC__LOOPBACK_ONLY": "true",
     "LIVEKIT_OMNI_LOG_LEVEL": "WARNING",
 }

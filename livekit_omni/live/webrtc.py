@@ -141,8 +141,14 @@ async def create_webrtc_session(request: Request) -> Response:
         req = _body_decoder.decode(body)
     except msgspec.ValidationError as e:
         return _error(400, "invalid_value", f"invalid request: {e}")
-    except msgspec.DecodeError:
-        return _error(400, "invalid_json", "the body is not valid JSON")
+    except (
+        msgspec.DecodeError,
+        UnicodeDecodeError,
+        RecursionError,
+    ):  # msgspec raises the last two for non-UTF-8
+        return _error(
+            400, "invalid_json", "the body is not valid JSON"
+        )  # text and for nesting past the limit
     if req.transport.type != "webrtc":
         return _error(400, "invalid_value", "transport.type must be webrtc")
     if len(req.transport.sdp.encode()) > max_sdp:
