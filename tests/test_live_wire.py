@@ -64,6 +64,8 @@ def test_known_commands_decode_and_unknown_fields_are_ignored() -> None:
         # Binary frames that are not UTF-8 (msgspec raises UnicodeDecodeError, not DecodeError; found by fuzzing).
         (b'{"type": "session.\xc0close", "event_id": "e"}', "invalid_json", None),
         (b"\xfe\xff", "invalid_json", None),
+        (b'{"t\x80ype": "session.close", "event_id": "\xfee5"}', "invalid_json", None),  # the slow path too
+        ('{"type": "session.close", "event_id": "\\ud800"}', "invalid_json", None),  # a lone surrogate escape
         ('{"event_id":"x"}', "invalid_event", "type"),
         ('{"type":5}', "invalid_event", "type"),
         ('{"type":"nope","event_id":"z"}', "unknown_event", "type"),

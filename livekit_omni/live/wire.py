@@ -257,7 +257,7 @@ def decode_command(raw: str | bytes) -> ClientCommand:
         env = _envelope_decoder.decode(raw)
     except msgspec.ValidationError:  # valid JSON, but not an object
         raise WireError("invalid_json", "the message must be a JSON object") from None
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         raise WireError("invalid_json", "the message is not valid JSON") from None
     cid = env.event_id if isinstance(env.event_id, str) else None
     if not isinstance(env.type, str):

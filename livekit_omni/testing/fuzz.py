@@ -30,6 +30,7 @@ import collections
 import contextlib
 import enum
 import fractions
+import itertools
 import json
 import random
 import struct
@@ -162,6 +163,8 @@ class EdgeReport:
     outcomes: dict[str, collections.Counter[str]] = field(default_factory=dict)
     engine_deaths: int = 0
     rss_growth_mb: float = 0.0
+    #: Of that, the growth over the second half of the inputs (near 0 when memory is bounded).
+    rss_late_growth_mb: float = 0.0
     fd_growth: int = 0
     seconds: float = 0.0
     #: The first few bad outcomes: (mutation, outcome, what was sent, detail), to reproduce them.
@@ -193,11 +196,12 @@ class EdgeReport:
             lines.append(f"{name:<24}" + "".join(f"{c[o]:>18}" for o in cols))
         lines.append(
             f"engine deaths {self.engine_deaths}, unexpected closes {self.unexpected_closes}, "
-            f"bad outcomes {self.bad}, RSS growth {self.rss_growth_mb:+.1f} MB, open fds {self.fd_growth:+d}"
+            f"bad outcomes {self.bad}, RSS growth {self.rss_growth_mb:+.1f} MB ({self.rss_late_growth_mb:+.1f} MB in the second half), open fds {self.fd_growth:+d}"
         )
         for ex in self.examples:
             lines.append(f"  ! {ex[0]} -> {ex[1]}: {ex[3]} | sent {ex[2]}")
-        return "\n".join(lines)
+        # Mutants quote lone surrogates and control characters: escape them so the table prints anywhere.
+        return "\n".join(lines).encode("utf-8", "backslashreplace").decode()
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -206,6 +210,7 @@ class EdgeReport:
             "unexpected_closes": self.unexpected_closes,
             "bad_outcomes": self.bad,
             "rss_growth_mb": round(self.rss_growth_mb, 1),
+            "rss_late_growth_mb": round(self.rss_late_growth_mb, 1),
             "fd_growth": self.fd_growth,
             "outcomes": {str(o): self.count(o) for o in Outcome if self.count(o)},
         }
@@ -351,7 +356,12 @@ def _nested(depth: int, kind: str) -> str:
 
 
 def _dumps(obj: Any, rng: random.Random) -> str:
-    return json.dumps(obj, ensure_ascii=rng.random() < 0.5)
+    text = json.dumps(obj, ensure_ascii=rng.random() < 0.5)
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate cannot travel in a text frame; as a JSON escape it can
+        text = json.dumps(obj)
+    return text
 
 
 # --- live_json ------------------------------------------------------------------------------------------------
@@ -978,14 +988,53 @@ class ControlFrame:
     framed: bool
     #: The engine should hang up after answering (a length prefix over its limit).
     oversized: bool = False
+    #: An ``OpenSession`` to send with real rings: the runner creates a ring pair, puts its names in (as
+    #: ``rings`` says: in order, swapped, or the same ring twice), packs it, and closes the session afterwards.
+    open_session: dict[str, Any] | None = None
+    rings: str = "in_order"
 
 
 def _frame(body: bytes) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
+def _session_config_mutant(rng: random.Random) -> dict[str, Any]:
+    """A session config with hostile values where the engine reads them (turn taking, TTL, history, adapter)."""
+    cfg: dict[str, Any] = {"instructions": "hi", "history": [{"role": "user", "text": "x"}], "voice": "marin"}
+    field_name = rng.choice(["turn_taking", "idle_ttl_s", "history", "adapter", "voice", "instructions"])
+    weird = rng.choice(
+        [-1, 0, 2**63, -(2**63), float("nan"), float("inf"), -1e308, 1e-308, 99, "x", None, [], {}]
+    )
+    if field_name == "turn_taking":
+        key = rng.choice(
+            ["vad", "aggressiveness", "threshold", "prefix_padding_ms", "silence_ms", "barge_in_min_ms"]
+        )
+        cfg["turn_taking"] = {key: rng.choice([weird, "silero", "webrtc", "nope"])}
+    elif field_name == "idle_ttl_s":
+        cfg["idle_ttl_s"] = weird
+    elif field_name == "history":
+        turn = {
+            "role": rng.choice(["user", "assistant", "developer", "system", ""]),
+            "text": "x" * rng.randint(0, 9),
+        }
+        cfg["history"] = [turn] * rng.choice([0, 1, 1000, 20_000])
+    elif field_name == "adapter":
+        cfg["adapter"] = rng.choice(["loopback", "cascade", "vllm", "nope", "", "../x", weird])
+    elif field_name == "voice":
+        cfg["voice"] = rng.choice(["", "nope", "x" * 10_000, "\u0000", weird])
+    else:
+        cfg["instructions"] = rng.choice(["", "x" * 500_000, weird])
+    return cfg
+
+
 def _mutate_control(rng: random.Random) -> tuple[str, ControlFrame]:
     obj = rng.choice(_control_seeds(rng))
+    if rng.random() < 0.12:
+        # Past the ring check: real rings, so the mutated config reaches the engine's session and adapter.
+        sid = f"fuzz_{rng.getrandbits(40):010x}"
+        cmd = {"type": "opensession", "req_id": 40, "session_id": sid, "config": _session_config_mutant(rng)}
+        rings = rng.choices(["in_order", "swapped", "same"], weights=[8, 1, 1])[0]
+        return "open_session", ControlFrame(b"", True, open_session=cmd, rings=rings)
     kind = rng.choice(
         [
             "wrong_type",
@@ -1186,13 +1235,44 @@ def judge_control(inp: FuzzInput, state: str, got: list[dict[str, Any]]) -> Outc
     return Outcome.ERROR_ALIVE if errors else Outcome.ACCEPTED
 
 
+async def _open_with_rings(conn: _ControlConn, frame: ControlFrame) -> tuple[str, list[dict[str, Any]]]:
+    """Send ``frame.open_session`` with the names of a fresh ring pair; close the session and the rings after."""
+    from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE
+    from engine_bridge.ring import RingPair
+
+    assert frame.open_session is not None
+    pair = RingPair.create(input_rate=ENGINE_INPUT_RATE, output_rate=ENGINE_OUTPUT_RATE)
+    try:
+        ing, eg = pair.names
+        names = {"in_order": (ing, eg), "swapped": (eg, ing), "same": (ing, ing)}[frame.rings]
+        cmd = {**frame.open_session, "ingress": names[0], "egress": names[1]}
+        state, got = await conn.exchange(_frame(_pack(cmd)), timeout=10.0)
+        if state == "answered":
+            close = {
+                "type": "closesession",
+                "req_id": 41,
+                "session_id": cmd["session_id"],
+                "reason": "client",
+            }
+            state, more = await conn.exchange(_frame(_pack(close)), timeout=15.0)
+            # An opened session's own events (state changes, closed) come along; keep only replies.
+            got += [m for m in more if m.get("type") in ("reply", "errorreply") and m.get("req_id") != 41]
+        got = [m for m in got if m.get("type") in ("reply", "errorreply")]
+        return state, got
+    finally:
+        pair.close()
+
+
 async def run_control(target: FuzzTarget, inputs: Iterator[FuzzInput], report: EdgeReport) -> None:
     conn = _ControlConn(target.engine_address)
     await conn.open()
     try:
         for inp in inputs:
             frame: ControlFrame = inp.data
-            state, got = await conn.exchange(frame.raw, timeout=5.0 if frame.framed else 0.5)
+            if frame.open_session is not None:
+                state, got = await _open_with_rings(conn, frame)
+            else:
+                state, got = await conn.exchange(frame.raw, timeout=5.0 if frame.framed else 0.5)
             outcome = judge_control(inp, state, got)
             report.add(inp, outcome, f"{state}: {[(m.get('type'), m.get('code')) for m in got][:4]}")
             if state != "answered":
@@ -1432,7 +1512,8 @@ def edge_seed(seed: int, edge: str) -> int:
 
 async def fuzz_edge(target: FuzzTarget, edge: str, *, seed: int, inputs: int) -> EdgeReport:
     """Run ``inputs`` inputs of ``edge``; the engine's restarts, the RSS growth and the open file descriptors are
-    measured around it (after a warm-up of a tenth of the inputs, and again once the engine is idle)."""
+    measured around it (after a warm-up of a tenth of the inputs, and again once the engine is idle); the RSS also
+    halfway, so a leak (growth in the second half as in the first) tells itself from a high-water mark."""
     report = EdgeReport(edge)
     rng = random.Random(edge_seed(seed, edge))
     gen = GENERATORS[edge](rng, inputs)
@@ -1446,6 +1527,10 @@ async def fuzz_edge(target: FuzzTarget, edge: str, *, seed: int, inputs: int) ->
     await target.wait_idle()
     rss0 = await asyncio.to_thread(target.rss_mb)
     fds0 = await asyncio.to_thread(target.open_fds)
+    rest = inputs - len(warm_inputs)
+    await runner(target, itertools.islice(gen, rest // 2), report)
+    await target.wait_idle()
+    rss_mid = await asyncio.to_thread(target.rss_mb)
     await runner(target, gen, report)
     report.seconds = time.monotonic() - t0
     await target.wait_idle()
@@ -1455,6 +1540,8 @@ async def fuzz_edge(target: FuzzTarget, edge: str, *, seed: int, inputs: int) ->
         - restarts0
         + (1 if health["engine"]["pid"] != pid0 and int(health["engine"]["restarts"]) == restarts0 else 0)
     )
-    report.rss_growth_mb = await asyncio.to_thread(target.rss_mb) - rss0
+    rss_end = await asyncio.to_thread(target.rss_mb)
+    report.rss_growth_mb = rss_end - rss0
+    report.rss_late_growth_mb = rss_end - rss_mid
     report.fd_growth = await asyncio.to_thread(target.open_fds) - fds0
     return report
