@@ -25,10 +25,11 @@ from benchmarks._common import finish
 from livekit_omni.testing.fuzz import EDGES, FuzzTarget, fuzz_edge
 from tests.conftest import start_server
 
-#: The server under test: room for the WebRTC offers that are answered but never connect (each holds a slot for
-#: the 30 s connect deadline) without refusing the fuzzer's own sessions.
+#: The server under test. The fuzzer answers no offer it posts, so each answered offer holds an engine slot until
+#: the connect deadline: a short one, and room for many, keep the offers reaching aiortc instead of a full engine.
 SERVER_ENV = {
     "LIVEKIT_OMNI_ENGINE__MAX_SESSIONS": "64",
+    "LIVEKIT_OMNI_LIMITS__WEBRTC_CONNECT_TIMEOUT_S": "2",
     "LIVEKIT_OMNI_WEBRTC__LOOPBACK_ONLY": "true",
     "LIVEKIT_OMNI_LOG_LEVEL": "WARNING",
 }

@@ -36,6 +36,9 @@ class LimitSettings(BaseModel):
     input_backpressure_grace_s: float = Field(3.0, gt=0)
     #: Largest SDP offer accepted.
     max_sdp_bytes: int = Field(64 * 1024, ge=1024)
+    #: A WebRTC client must complete ICE + DTLS within this after the answer; until then its session holds an
+    #: engine slot (so offers that never connect cannot hold the engine for long).
+    webrtc_connect_timeout_s: float = Field(30.0, gt=0)
     #: Largest fixture clip.
     max_fixture_s: float = Field(30.0, gt=0)
 

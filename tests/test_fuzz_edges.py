@@ -29,7 +29,12 @@ REFUSALS = (Outcome.ERROR_ALIVE, Outcome.REFUSED, Outcome.CLEAN_CLOSE)
 def server() -> Iterator[ServerProcess]:
     s = start_server(
         adapter="loopback",
-        env={"LIVEKIT_OMNI_ENGINE__MAX_SESSIONS": "64", "LIVEKIT_OMNI_WEBRTC__LOOPBACK_ONLY": "true"},
+        env={
+            "LIVEKIT_OMNI_ENGINE__MAX_SESSIONS": "64",
+            "LIVEKIT_OMNI_WEBRTC__LOOPBACK_ONLY": "true",
+            # Offers the fuzzer never connects release their engine slot after this (the default is 30 s).
+            "LIVEKIT_OMNI_LIMITS__WEBRTC_CONNECT_TIMEOUT_S": "2",
+        },
     )
     yield s
     s.stop()

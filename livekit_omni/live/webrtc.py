@@ -31,8 +31,6 @@ log = logging.getLogger(__name__)
 
 #: Room for the session config around the SDP in the request body.
 BODY_SLACK_BYTES: Final = 256 * 1024
-#: The client must complete the connection (ICE + DTLS) within this after the answer.
-CONNECT_TIMEOUT_S: Final = 30.0
 #: How long closing waits for queued data-channel events to be sent.
 DRAIN_TIMEOUT_S: Final = 1.0
 
@@ -93,9 +91,10 @@ class DataChannelTransport:
 
 async def _connect_deadline(live: LiveSession, peer: WebRTCPeer) -> None:
     """A client that never completes ICE/DTLS must not hold an engine slot until the session's lifetime ends."""
-    await asyncio.sleep(CONNECT_TIMEOUT_S)
+    timeout = live.settings.limits.webrtc_connect_timeout_s
+    await asyncio.sleep(timeout)
     if peer.connection_state != "connected":
-        log.info("webrtc session %s: not connected after %g s; closing it", live.id, CONNECT_TIMEOUT_S)
+        log.info("webrtc session %s: not connected after %g s; closing it", live.id, timeout)
         await live.end(None, code=CLOSE_TRY_AGAIN, notify=False)
 
 
