@@ -6,8 +6,10 @@ bugs the fuzzer found (each also has a unit test next to the code it fixed).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+import time
 from collections.abc import Iterator
 
 import aiohttp
@@ -163,3 +165,18 @@ async def test_bad_offers_get_a_typed_400(server: ServerProcess, body: bytes | s
         text = await r.read()
         assert r.status == 400, text
         assert json.loads(text)["error"]["code"] == code
+
+
+async def test_an_offer_that_never_connects_frees_its_slot_at_the_connect_deadline(
+    server: ServerProcess, target: FuzzTarget
+) -> None:
+    await target.wait_idle()
+    body = {"session": {"model": "m"}, "transport": {"type": "webrtc", "sdp": fuzz.AIORTC_OFFER}}
+    async with aiohttp.ClientSession() as http, http.post(server.url + "/v1/live/sessions", json=body) as r:
+        assert r.status == 200
+    assert (await asyncio.to_thread(target.health))["engine"]["active_sessions"] == 1
+    t0 = time.monotonic()
+    await target.wait_idle(timeout=10)
+    held = time.monotonic() - t0
+    assert (await asyncio.to_thread(target.health))["engine"]["active_sessions"] == 0
+    assert held < 5, held  # the 2 s deadline of this server, not the 30 s default
