@@ -20,7 +20,7 @@ from livekit_omni.testing.live_client import LiveClient
 from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from tests.conftest import start_server
 
-GRACE_S = 4.0
+GRACE_S = 6.0
 
 
 def tone(seconds: float, rate: int = 24000) -> bytes:
