@@ -31,6 +31,12 @@ from engine_bridge import protocol as p
 log = logging.getLogger(__name__)
 
 MAX_FRAME_BYTES: Final = 1 << 20
+#: Error replies and log lines quote at most this much of a decoder's message (msgspec quotes the bad value, which
+#: can be most of a 1 MiB frame: the reply would not fit in a frame, and the log would fill up).
+MAX_ERROR_CHARS: Final = 300
+#: What msgspec raises for bytes that are not a command: bad msgpack, bad types, nesting deeper than the recursion
+#: limit (RecursionError), and strings that are not UTF-8 (UnicodeDecodeError).
+_UNDECODABLE: Final = (msgspec.DecodeError, RecursionError, UnicodeDecodeError)
 _LEN = struct.Struct(">I")
 
 _encoder = msgspec.msgpack.Encoder()
@@ -102,11 +108,15 @@ async def read_frame(reader: asyncio.StreamReader) -> bytes:
     return await reader.readexactly(n)
 
 
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + f"... ({len(text)} chars)"
+
+
 def _salvage_req_id(body: bytes) -> int:
     """Best effort: the req_id of a frame that did not decode as a command, so the error reply can be matched."""
     try:
         raw = msgspec.msgpack.decode(body)
-    except (msgspec.DecodeError, RecursionError):
+    except _UNDECODABLE:
         return 0
     if isinstance(raw, dict) and isinstance(raw.get("req_id"), int):
         return int(raw["req_id"])
@@ -133,7 +143,21 @@ class ServerConnection:
         if self.closed:
             return
         try:
-            self.writer.write(encode(msg))
+            frame = encode(msg)
+        except ControlError as e:
+            # Too large for a frame (an error quoting a huge value, say). The connection stays usable: an error
+            # reply is clipped, another reply becomes an error reply, an event is dropped.
+            log.error("control connection %d: %s", self.id, e)
+            req_id = getattr(msg, "req_id", None)
+            if req_id is None:
+                return
+            message = (
+                msg.message if isinstance(msg, p.ErrorReply) else f"the {type(msg).__name__} was too large"
+            )
+            code = msg.code if isinstance(msg, p.ErrorReply) else p.ErrorCode.INTERNAL
+            frame = encode(p.ErrorReply(req_id=req_id, code=code, message=_clip(message)))
+        try:
+            self.writer.write(frame)
         except (ConnectionError, RuntimeError) as e:
             log.debug("control connection %d: send failed: %s", self.id, e)
             self.closed = True
@@ -200,13 +224,14 @@ class ControlServer:
                     break
                 try:
                     cmd = _command_decoder.decode(body)
-                except (msgspec.DecodeError, RecursionError) as e:  # deep nesting raises RecursionError
+                except _UNDECODABLE as e:
                     self.bad_messages += 1
                     req_id = _salvage_req_id(body)
+                    why = _clip(f"{type(e).__name__}: {e}")
                     log.warning(
-                        "control connection %d: undecodable command (req_id=%d): %s", conn.id, req_id, e
+                        "control connection %d: undecodable command (req_id=%d): %s", conn.id, req_id, why
                     )
-                    conn.send(p.ErrorReply(req_id=req_id, code=p.ErrorCode.BAD_MESSAGE, message=str(e)))
+                    conn.send(p.ErrorReply(req_id=req_id, code=p.ErrorCode.BAD_MESSAGE, message=why))
                     continue
                 # One task per command keeps a slow command from stalling the connection; handlers post into
                 # session mailboxes before their first await, so per-session order is the arrival order.
@@ -231,7 +256,7 @@ class ControlServer:
         except Exception as e:  # a bug in one command must not take the connection down
             log.exception("control command %s failed", type(cmd).__name__)
             reply = p.ErrorReply(
-                req_id=cmd.req_id, code=p.ErrorCode.INTERNAL, message=f"{type(e).__name__}: {e}"
+                req_id=cmd.req_id, code=p.ErrorCode.INTERNAL, message=_clip(f"{type(e).__name__}: {e}")
             )
         conn.send(reply)
 
@@ -342,8 +367,8 @@ class ControlClient:
                 body = await read_frame(self._reader)
                 try:
                     msg = _engine_decoder.decode(body)
-                except msgspec.DecodeError as e:
-                    log.warning("undecodable message from the engine: %s", e)
+                except _UNDECODABLE as e:
+                    log.warning("undecodable message from the engine: %s", _clip(str(e)))
                     continue
                 if isinstance(msg, p.Reply | p.ErrorReply):
                     fut = self._pending.get(msg.req_id)

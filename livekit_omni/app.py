@@ -24,7 +24,9 @@ from starlette.staticfiles import StaticFiles
 
 from livekit_omni.auth import AuthMiddleware
 from livekit_omni.chat import routes as chat_routes
+from livekit_omni.drain import Drain
 from livekit_omni.live.routes import routes as live_routes
+from livekit_omni.live.session import hub_of
 from livekit_omni.metrics import Metrics
 from livekit_omni.realtime.routes import routes as realtime_routes
 from livekit_omni.settings import Settings
@@ -40,6 +42,12 @@ async def health(request: Request) -> Response:
     await sup.refresh()
     body = sup.health()
     body["uptime_s"] = round(time.monotonic() - request.app.state.started_at, 1)
+    drain: Drain = request.app.state.drain
+    if not drain.admitting:
+        # 503 takes a draining server out of a load balancer's rotation; open sessions still run.
+        body["status"] = str(drain.status)
+        body["drain_remaining_s"] = round(drain.remaining_s() or 0.0, 1)
+        return JSONResponse(body, status_code=503)
     return JSONResponse(body, status_code=200 if sup.state is EngineState.READY else 503)
 
 
@@ -124,4 +132,12 @@ def create_app(settings: Settings, *, supervisor: EngineSupervisor | None = None
     app.state.supervisor = sup
     app.state.metrics = Metrics()
     app.state.started_at = time.monotonic()
+    app.state.drain = Drain(settings.drain_grace_s)
     return app
+
+
+async def drain_app(app: Starlette) -> int:
+    """SIGTERM: stop admission, let open sessions run up to the grace, close the rest (see livekit_omni.drain)."""
+    hub = hub_of(app)
+    drain: Drain = app.state.drain
+    return await drain.run(hub.sessions, hub.close_all)

@@ -7,7 +7,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
+from types import FrameType
 
 from engine_bridge.adapters.registry import adapter_names
 from livekit_omni.settings import Settings
@@ -43,9 +45,46 @@ def _serve(args: argparse.Namespace) -> int:
         ws_ping_timeout=20.0,
         lifespan="on",
     )
-    server = uvicorn.Server(config)
+    from livekit_omni.app import drain_app
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn, except that SIGTERM drains first (livekit_omni.drain) and then exits 0.
+
+        uvicorn would stop listening at once and re-raise the SIGTERM after its shutdown (exit status -15);
+        SIGINT keeps uvicorn's behaviour (open sessions get ``server_shutdown`` and 1012 right away)."""
+
+        drain_task: asyncio.Task[None] | None = None
+        loop: asyncio.AbstractEventLoop | None = None
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if sig != signal.SIGTERM:
+                if self.drain_task is not None:
+                    app.state.drain.cut_short()
+                super().handle_exit(sig, frame)
+                return
+            loop = self.loop
+            if loop is None or not self.started or self.should_exit:
+                self.should_exit = True  # not serving yet (or already stopping): stop without a drain
+                return
+            # A signal handler runs between bytecodes of the loop's thread: hand the work to the loop.
+            loop.call_soon_threadsafe(self._sigterm)
+
+        def _sigterm(self) -> None:
+            if self.drain_task is None:
+                self.drain_task = asyncio.create_task(self._drain(), name="drain")
+            else:
+                app.state.drain.cut_short()  # a second SIGTERM: close the open sessions now
+
+        async def _drain(self) -> None:
+            try:
+                await drain_app(app)
+            finally:
+                self.should_exit = True
+
+    server = DrainingServer(config)
 
     async def run() -> None:
+        server.loop = asyncio.get_running_loop()
         serve_task = asyncio.create_task(server.serve())
         while not server.started:
             if serve_task.done():

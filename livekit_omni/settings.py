@@ -2,7 +2,7 @@
 
 Environment variables use the prefix ``LIVEKIT_OMNI_`` and ``__`` for nesting, e.g.
 ``LIVEKIT_OMNI_PORT=9000``, ``LIVEKIT_OMNI_API_KEYS='["sk-1"]'``, ``LIVEKIT_OMNI_ENGINE__MAX_SESSIONS=8``,
-``LIVEKIT_OMNI_LIMITS__SESSION_LIFETIME_S=600``.
+``LIVEKIT_OMNI_LIMITS__SESSION_LIFETIME_S=600``, ``LIVEKIT_OMNI_DRAIN_GRACE_S=60``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ class LimitSettings(BaseModel):
     input_backpressure_grace_s: float = Field(3.0, gt=0)
     #: Largest SDP offer accepted.
     max_sdp_bytes: int = Field(64 * 1024, ge=1024)
+    #: A WebRTC client must complete ICE + DTLS within this after the answer; until then its session holds an
+    #: engine slot (so offers that never connect cannot hold the engine for long).
+    webrtc_connect_timeout_s: float = Field(30.0, gt=0)
     #: Largest fixture clip.
     max_fixture_s: float = Field(30.0, gt=0)
 
@@ -61,6 +64,8 @@ class Settings(BaseSettings):
     model_name: str = "livekit-omni"
     cors_origins: list[str] = Field(default_factory=lambda: ["*"])
     log_level: str = "INFO"
+    #: SIGTERM drains: no new sessions, open ones run up to this long, then close 1012 (livekit_omni.drain).
+    drain_grace_s: float = Field(30.0, ge=0)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     webrtc: WebRTCSettings = Field(default_factory=WebRTCSettings)

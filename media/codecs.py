@@ -326,7 +326,11 @@ class OpusDecoder:
         self.frames = 0
 
     def decode(self, payload: bytes) -> np.ndarray:
-        """One Opus packet → int16 PCM at 48 kHz (960 samples for a 20 ms packet)."""
+        """One Opus packet → int16 PCM at 48 kHz (960 samples for a 20 ms packet); an empty packet (a lost one)
+        gives no samples. Raises ``av.FFmpegError`` for a packet libopus rejects; the decoder stays usable."""
+        if not payload:
+            # PyAV takes an empty packet as end of stream (a flush); libopus would refuse every packet after it.
+            return np.zeros(0 if self.channels == 1 else (0, 2), dtype=np.int16)
         frames = self._ctx.decode(av.Packet(payload))
         self.frames += 1
         if len(frames) == 1:

@@ -57,6 +57,7 @@ from aiortc import (
 )
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.sdp import SessionDescription
 from aiortc.utils import uint16_add
 from av import AudioFrame, Packet
 
@@ -178,6 +179,8 @@ class AudioJitterBuffer(JitterBuffer):
     * a missing head packet is given up once the newest packet is more than ``prefetch`` ahead of it, so a loss
       costs that frame and no lasting delay, and up to ``prefetch`` packets of reordering are still repaired.
 
+    * an empty payload is dropped as a lost packet, never given to the decoder (an empty packet flushes libopus).
+
     Overflow, duplicates and very late packets are handled by aiortc's ``add`` as before.
     """
 
@@ -185,6 +188,7 @@ class AudioJitterBuffer(JitterBuffer):
         super().__init__(capacity=capacity, prefetch=prefetch)
         self._newest: int | None = None
         self.holes_skipped = 0
+        self.empty_dropped = 0
 
     def _remove_frame(self, sequence_number: int) -> JitterFrame | None:
         cap = self._capacity
@@ -212,7 +216,14 @@ class AudioJitterBuffer(JitterBuffer):
         packet = self._packets[origin % cap]
         assert packet is not None
         self.remove(1)
-        return JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
+        data: bytes = packet._data  # type: ignore[attr-defined]
+        if not data:
+            # An RTP packet with an empty payload (RFC 7587: treat as lost). Handed to the decoder it would be a
+            # flush, after which libopus refuses every later packet: the caller's audio would be gone for the rest
+            # of the call (found by benchmarks/fuzz_edges.py).
+            self.empty_dropped += 1
+            return None
+        return JitterFrame(data=data, timestamp=packet.timestamp)
 
 
 def install_jitter_buffer(receiver: RTCRtpReceiver, prefetch: int) -> bool:
@@ -591,6 +602,14 @@ class WebRTCPeer:
             await self.close()
 
 
+def _check_dtls(sdp: str) -> None:
+    """Every media section needs a DTLS fingerprint: without one aiortc answers, then fails the connection in a
+    background task (an AssertionError nobody sees) and the session waits out its connect deadline."""
+    for media in SessionDescription.parse(sdp).media:
+        if media.dtls is None or not media.dtls.fingerprints:
+            raise SdpError(f"the SDP offer's {media.kind} section has no DTLS fingerprint (a=fingerprint)")
+
+
 async def answer_offer(
     offer_sdp: str,
     session: SessionLike,
@@ -648,6 +667,7 @@ async def answer_offer(
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         except Exception as e:  # aiortc raises ValueError/OperationError/InternalError for bad offers
             raise SdpError(f"cannot apply the SDP offer: {e}") from e
+        _check_dtls(sdp)
         audio = [t for t in pc.getTransceivers() if t.kind == "audio"]
         if not audio:
             raise SdpError("the SDP offer has no audio section")
@@ -669,8 +689,13 @@ async def answer_offer(
             "recvonly",
         ):
             peer._start_input(transceiver.receiver.track)
-        answer = await pc.createAnswer()
-        await pc.setLocalDescription(answer)
+        try:
+            answer = await pc.createAnswer()
+            await pc.setLocalDescription(answer)
+        except Exception as e:
+            # aiortc accepts some offers it cannot answer (found by fuzzing: duplicated m= sections, a dropped
+            # a=mid end in AttributeError/ValueError here); the offer is the only input, so it is the offer's fault.
+            raise SdpError(f"cannot answer the SDP offer: {type(e).__name__}: {e}") from e
         peer.answer_sdp = pc.localDescription.sdp
     except BaseException:
         await peer.close()

@@ -169,3 +169,12 @@ async def test_simulated_sip_call_at_8khz_and_dtmf_logging(
     with caplog.at_level(logging.INFO, logger="livekit_omni.agents.sip"):
         sip_agent.log_dtmf("call-room", rtc.SipDTMF(code=5, digit="5", participant=None))
     assert "DTMF '5' (code 5) from unknown in call-room" in caplog.text
+
+
+def test_worker_drain_uses_the_drain_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LiveKit's worker drain (SIGTERM: no new jobs, running ones get ``drain_timeout``) takes the same grace as
+    the server's own drain, instead of LiveKit's hour-long default that no container stop would wait out."""
+    assert room_agent.build_server(load_fnc=lambda: 0.0, port=free_port())._drain_timeout == 30
+    monkeypatch.setenv("LIVEKIT_OMNI_DRAIN_GRACE_S", "12")
+    # AgentServer keeps it private; AgentServer.drain() reads it when no timeout is passed.
+    assert sip_agent.build_server(load_fnc=lambda: 0.0, port=free_port())._drain_timeout == 12

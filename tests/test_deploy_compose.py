@@ -167,6 +167,27 @@ def test_omni_server_config_loads_and_matches_its_service(services: dict[str, di
     assert omni.get("ipc") == "shareable"
 
 
+def _seconds(duration: str) -> float:
+    m = re.fullmatch(r"(\d+)(s|m)", duration)
+    assert m, f"stop_grace_period {duration!r}: write it as e.g. 45s or 2m"
+    return int(m.group(1)) * (60 if m.group(2) == "m" else 1)
+
+
+def test_stop_grace_outlasts_the_drain(services: dict[str, dict[str, Any]]) -> None:
+    """`docker compose stop` sends SIGTERM, then SIGKILL after stop_grace_period (default 10 s): it must leave the
+    server its drain grace, and each worker LiveKit's drain of the same length, with time to spare."""
+    omni = services["omni"]
+    cmd = omni["command"]
+    config_path = cmd[cmd.index("--config") + 1]
+    source = next(v.split(":")[0] for v in omni["volumes"] if v.split(":")[1] == config_path)
+    grace = Settings.load(ROOT / source).drain_grace_s
+    assert _seconds(omni["stop_grace_period"]) >= grace + 10
+    for name in ("agent", "sip-agent", "agent-colocated"):
+        svc = services[name]
+        drain = float(env_of(svc).get(worker.ENV_DRAIN_GRACE, worker.AgentSettings().drain_grace_s))
+        assert _seconds(svc["stop_grace_period"]) >= drain + 10, name
+
+
 def test_agents_reach_the_engine_the_way_their_mode_needs(services: dict[str, dict[str, Any]]) -> None:
     settings = Settings.load(ROOT / "deploy/omni.toml")
     for name in ("agent", "sip-agent"):

@@ -57,7 +57,22 @@ async def test_undecodable_control_message_gets_an_error_reply() -> None:
         with pytest.raises(EngineRequestError) as e1:
             await asyncio.wait_for(fut1, 5)
         assert e1.value.code == "bad_message"
-        # The engine survived all three and still answers on the same connection.
+        # Found by fuzzing (benchmarks/fuzz_edges.py): a string that is not UTF-8 (msgspec raises
+        # UnicodeDecodeError) used to drop the connection without a reply, and a 900 kB bad value used to make the
+        # error reply, which quotes it, too large for a frame, after which the connection went silent.
+        fut2 = asyncio.get_running_loop().create_future()
+        control._pending[0] = fut2
+        control.send_raw(b"\x82\xa4type\xa2\xea\x80\xa6req_id\x05")
+        with pytest.raises(EngineRequestError) as e2:
+            await asyncio.wait_for(fut2, 5)
+        assert e2.value.code == "bad_message"
+        fut3 = asyncio.get_running_loop().create_future()
+        control._pending[778] = fut3
+        control.send_raw(msgspec.msgpack.encode({"type": "x" * 900_000, "req_id": 778}))
+        with pytest.raises(EngineRequestError) as e3:
+            await asyncio.wait_for(fut3, 5)
+        assert e3.value.code == "bad_message" and len(e3.value.message) < 1000
+        # The engine survived all of them and still answers on the same connection.
         info = await client.ping()
         assert info.state == "ready"
         await client.close()

@@ -30,7 +30,7 @@ def _sdk_models() -> dict[str, type[BaseModel]]:
 SDK_MODELS = _sdk_models()
 
 
-def decode_error(raw: str) -> wire.WireError:
+def decode_error(raw: str | bytes) -> wire.WireError:
     with pytest.raises(wire.WireError) as e:
         wire.decode_command(raw)
     return e.value
@@ -61,6 +61,11 @@ def test_known_commands_decode_and_unknown_fields_are_ignored() -> None:
         ("[" * 100_000, "invalid_json", None),
         ("[1]", "invalid_json", None),
         ('"text"', "invalid_json", None),
+        # Binary frames that are not UTF-8 (msgspec raises UnicodeDecodeError, not DecodeError; found by fuzzing).
+        (b'{"type": "session.\xc0close", "event_id": "e"}', "invalid_json", None),
+        (b"\xfe\xff", "invalid_json", None),
+        (b'{"t\x80ype": "session.close", "event_id": "\xfee5"}', "invalid_json", None),  # the slow path too
+        ('{"type": "session.close", "event_id": "\\ud800"}', "invalid_json", None),  # a lone surrogate escape
         ('{"event_id":"x"}', "invalid_event", "type"),
         ('{"type":5}', "invalid_event", "type"),
         ('{"type":"nope","event_id":"z"}', "unknown_event", "type"),
@@ -74,7 +79,7 @@ def test_known_commands_decode_and_unknown_fields_are_ignored() -> None:
         ),
     ],
 )
-def test_decode_errors_name_the_problem(raw: str, code: str, param: str | None) -> None:
+def test_decode_errors_name_the_problem(raw: str | bytes, code: str, param: str | None) -> None:
     e = decode_error(raw)
     assert (e.code, e.param) == (code, param), e.message
     assert e.type == "invalid_request_error"

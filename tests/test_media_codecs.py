@@ -233,6 +233,15 @@ def test_opus_round_trip_mono() -> None:
     assert np.corrcoef(env_a, env_b)[0, 1] > 0.95
 
 
+def test_opus_decoder_takes_an_empty_packet_as_lost_and_keeps_decoding() -> None:
+    # PyAV treats an empty packet as end of stream; passed on, libopus would refuse every later packet.
+    enc, dec = OpusEncoder(), OpusDecoder()
+    packets = enc.encode(voice_like(0.1))
+    assert dec.decode(packets[0]).shape == (960,)
+    assert dec.decode(b"").shape == (0,)
+    assert dec.decode(packets[1]).shape == (960,)
+
+
 def test_opus_stereo_input_to_mono_encoder_and_stereo_decoder() -> None:
     mono = voice_like(1.0)
     stereo = np.stack([mono, mono], axis=1)

@@ -19,6 +19,7 @@ from aiortc.rtp import RtpPacket
 
 from engine_bridge import protocol as p
 from livekit_omni.testing.webrtc_caller import WebRTCCaller
+from media.codecs import OpusEncoder
 from media.webrtc import (
     AudioJitterBuffer,
     SdpError,
@@ -111,6 +112,30 @@ def test_jitter_buffer_prefetch_and_loss_recovery() -> None:
     buf = AudioJitterBuffer(prefetch=1)
     rel = _released(buf, [0, 1, 2, *range(40, 45)])
     assert [r for _, r in rel] == [None, 0, 1, None, 40, 41, 42, 43]  # aiortc's overflow path drops 2
+
+
+def test_jitter_buffer_drops_empty_payloads_so_the_opus_decoder_lives_on() -> None:
+    """Found by benchmarks/fuzz_edges.py: an RTP packet with an empty payload reached aiortc's Opus decoder as an
+    empty packet, which PyAV takes as end of stream; libopus then refused every later packet, so the caller went
+    silent for the rest of the call. The buffer now drops it as a lost packet."""
+    from aiortc.codecs.opus import OpusDecoder as AiortcOpusDecoder
+
+    tone = (8000 * np.sin(2 * np.pi * 440 * np.arange(48_000) / 48_000)).astype(np.int16)
+    packets = OpusEncoder().encode(tone)[:6]
+    buf = AudioJitterBuffer(prefetch=0)
+    decoder = AiortcOpusDecoder()
+    decoded = 0
+    for seq, payload in enumerate([packets[0], packets[1], b"", packets[2], packets[3], packets[4]]):
+        pkt = RtpPacket(payload_type=111, sequence_number=seq, timestamp=seq * 960)
+        pkt._data = payload  # type: ignore[attr-defined]
+        _, frame = buf.add(pkt)
+        if payload:
+            assert frame is not None and frame.data == payload
+            decoded += sum(f.samples for f in decoder.decode(frame))  # raises once the decoder was flushed
+        else:
+            assert frame is None
+    assert buf.empty_dropped == 1
+    assert decoded == 5 * 960
 
 
 async def test_bad_offers_raise_sdp_error() -> None:

@@ -22,6 +22,7 @@ from aiortc import RTCIceServer
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from livekit_omni.drain import DRAINING_CODE, DRAINING_MESSAGE, Drain
 from livekit_omni.live import wire
 from livekit_omni.live.session import CLOSE_TRY_AGAIN, LiveSession, hub_of
 from media.webrtc import SdpError, WebRTCPeer, answer_offer
@@ -30,8 +31,6 @@ log = logging.getLogger(__name__)
 
 #: Room for the session config around the SDP in the request body.
 BODY_SLACK_BYTES: Final = 256 * 1024
-#: The client must complete the connection (ICE + DTLS) within this after the answer.
-CONNECT_TIMEOUT_S: Final = 30.0
 #: How long closing waits for queued data-channel events to be sent.
 DRAIN_TIMEOUT_S: Final = 1.0
 
@@ -92,9 +91,10 @@ class DataChannelTransport:
 
 async def _connect_deadline(live: LiveSession, peer: WebRTCPeer) -> None:
     """A client that never completes ICE/DTLS must not hold an engine slot until the session's lifetime ends."""
-    await asyncio.sleep(CONNECT_TIMEOUT_S)
+    timeout = live.settings.limits.webrtc_connect_timeout_s
+    await asyncio.sleep(timeout)
     if peer.connection_state != "connected":
-        log.info("webrtc session %s: not connected after %g s; closing it", live.id, CONNECT_TIMEOUT_S)
+        log.info("webrtc session %s: not connected after %g s; closing it", live.id, timeout)
         await live.end(None, code=CLOSE_TRY_AGAIN, notify=False)
 
 
@@ -126,6 +126,10 @@ def _ice_servers(servers: list[dict[str, Any]]) -> list[RTCIceServer]:
 async def create_webrtc_session(request: Request) -> Response:
     hub = hub_of(request.app)
     settings = hub.settings
+    drain: Drain = request.app.state.drain
+    if not drain.admitting:
+        hub.metrics.rejected_sessions.labels(reason=DRAINING_CODE).inc()
+        return _error(503, DRAINING_CODE, DRAINING_MESSAGE, type=wire.SERVER_ERROR)
     max_sdp = settings.limits.max_sdp_bytes
     body = await _read_body(request, max_sdp + BODY_SLACK_BYTES)
     if body is None:
@@ -136,8 +140,14 @@ async def create_webrtc_session(request: Request) -> Response:
         req = _body_decoder.decode(body)
     except msgspec.ValidationError as e:
         return _error(400, "invalid_value", f"invalid request: {e}")
-    except msgspec.DecodeError:
-        return _error(400, "invalid_json", "the body is not valid JSON")
+    except (
+        msgspec.DecodeError,
+        UnicodeDecodeError,
+        RecursionError,
+    ):  # msgspec raises the last two for non-UTF-8
+        return _error(
+            400, "invalid_json", "the body is not valid JSON"
+        )  # text and for nesting past the limit
     if req.transport.type != "webrtc":
         return _error(400, "invalid_value", "transport.type must be webrtc")
     if len(req.transport.sdp.encode()) > max_sdp:
@@ -159,6 +169,9 @@ async def create_webrtc_session(request: Request) -> Response:
             live.allowed_client_events = frozenset(dc.allowed_client_events)
         if isinstance(dc.allowed_server_events, list):
             live.allowed_server_events = frozenset(x.type for x in dc.allowed_server_events)
+    if not drain.admitting:  # the drain began while the body was read
+        hub.metrics.rejected_sessions.labels(reason=DRAINING_CODE).inc()
+        return _error(503, DRAINING_CODE, DRAINING_MESSAGE, type=wire.SERVER_ERROR)
     try:
         await live.open_or_raise(cfg)
     except wire.WireError as e:

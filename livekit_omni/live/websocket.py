@@ -17,6 +17,7 @@ from typing import Final
 from starlette.websockets import WebSocket
 
 from livekit_omni.auth import bearer_token, key_is_valid
+from livekit_omni.drain import DRAINING_CODE, DRAINING_MESSAGE, Drain
 from livekit_omni.live import wire
 from livekit_omni.live.session import CLOSE_POLICY, CLOSE_TRY_AGAIN, LiveSession, hub_of
 
@@ -92,6 +93,14 @@ class WebSocketTransport:
                     await self.ws.close(code, reason[:120])
 
 
+async def _refuse_draining(session: LiveSession, transport: WebSocketTransport) -> None:
+    """No new session on a draining server: an error, then 1013, which tells the client to try again (elsewhere)."""
+    session.state = "closed"
+    session.hub.metrics.rejected_sessions.labels(reason=DRAINING_CODE).inc()
+    session.emit(wire.error_event(DRAINING_CODE, DRAINING_MESSAGE, type=wire.SERVER_ERROR))
+    await transport.close(CLOSE_TRY_AGAIN, DRAINING_CODE)
+
+
 async def live_websocket(ws: WebSocket) -> None:
     await ws.accept()
     hub = hub_of(ws.app)
@@ -109,7 +118,12 @@ async def live_websocket(ws: WebSocket) -> None:
             )
             await transport.close(CLOSE_POLICY, "invalid_api_key")
             return
+        drain: Drain = ws.app.state.drain
         while not transport.closed:
+            # Draining (SIGTERM), checked on arrival and again before a session.start is handled.
+            if session.state == "new" and not drain.admitting:
+                await _refuse_draining(session, transport)
+                return
             if session.state == "new":
                 try:
                     msg = await asyncio.wait_for(ws.receive(), START_TIMEOUT_S)
@@ -136,6 +150,9 @@ async def live_websocket(ws: WebSocket) -> None:
                     )
                 )
                 continue
+            if session.state == "new" and not drain.admitting:
+                await _refuse_draining(session, transport)
+                return
             await session.handle_text(data)
     except asyncio.CancelledError:
         if not transport.aborted:

@@ -252,12 +252,15 @@ def decode_command(raw: str | bytes) -> ClientCommand:
     except RecursionError:
         # msgspec refuses nesting deeper than Python's recursion limit by raising this; it is bad input too.
         raise WireError("invalid_json", "the message nests JSON too deeply") from None
+    except UnicodeDecodeError:
+        # msgspec raises this (not DecodeError) for a binary frame that is not UTF-8.
+        raise WireError("invalid_json", "the message is not valid UTF-8") from None
     # Slow path, errors only: find out what kind of wrong it is.
     try:
         env = _envelope_decoder.decode(raw)
     except msgspec.ValidationError:  # valid JSON, but not an object
         raise WireError("invalid_json", "the message must be a JSON object") from None
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         raise WireError("invalid_json", "the message is not valid JSON") from None
     cid = env.event_id if isinstance(env.event_id, str) else None
     if not isinstance(env.type, str):

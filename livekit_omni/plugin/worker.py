@@ -12,7 +12,9 @@ Configuration comes from the environment, so one image serves every deployment:
 * ``LIVEKIT_OMNI_AGENT_NAME``: explicit dispatch name (empty: every new room gets the room agent);
 * ``LIVEKIT_OMNI_AGENT_INSTRUCTIONS`` / ``LIVEKIT_OMNI_AGENT_GREETING``: what the agent is told / says first;
 * ``LIVEKIT_OMNI_LOAD_THRESHOLD``: the occupancy at which the worker reports FULL (default 1.0: every engine
-  slot in use).
+  slot in use);
+* ``LIVEKIT_OMNI_DRAIN_GRACE_S``: on SIGTERM, how long LiveKit's worker drain lets running jobs finish before it
+  stops (default 30 s, the server's own drain grace; docs/deployment.md, Drain).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ ENV_AGENT_NAME: Final = "LIVEKIT_OMNI_AGENT_NAME"
 ENV_INSTRUCTIONS: Final = "LIVEKIT_OMNI_AGENT_INSTRUCTIONS"
 ENV_GREETING: Final = "LIVEKIT_OMNI_AGENT_GREETING"
 ENV_LOAD_THRESHOLD: Final = "LIVEKIT_OMNI_LOAD_THRESHOLD"
+ENV_DRAIN_GRACE: Final = "LIVEKIT_OMNI_DRAIN_GRACE_S"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,9 @@ class AgentSettings:
     #: Occupancy (0–1) at which LiveKit stops offering this worker jobs. The engine's own limit is the real bound,
     #: so the default lets every slot fill; lower it to keep headroom when several workers share one engine.
     load_threshold: float = 1.0
+    #: LiveKit's worker drain on SIGTERM: no new jobs, running ones get this long (LiveKit's default is an hour,
+    #: longer than any container stop grace, so the container would be killed mid-call instead).
+    drain_grace_s: float = 30.0
 
     @classmethod
     def from_env(cls, defaults: AgentSettings | None = None) -> AgentSettings:
@@ -59,6 +65,7 @@ class AgentSettings:
             instructions=os.environ.get(ENV_INSTRUCTIONS, d.instructions),
             greeting=os.environ.get(ENV_GREETING, d.greeting),
             load_threshold=float(os.environ.get(ENV_LOAD_THRESHOLD, d.load_threshold)),
+            drain_grace_s=float(os.environ.get(ENV_DRAIN_GRACE, d.drain_grace_s)),
         )
 
 
@@ -78,6 +85,7 @@ def create_server(
     kwargs: dict[str, object] = {
         "load_fnc": load_fnc if load_fnc is not None else EngineOccupancy(),
         "load_threshold": settings.load_threshold,
+        "drain_timeout": max(1, round(settings.drain_grace_s)),
     }
     if job_executor_type is not None:
         kwargs["job_executor_type"] = job_executor_type
