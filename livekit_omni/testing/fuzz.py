@@ -480,11 +480,11 @@ def _mutate_json(obj: dict[str, Any], rng: random.Random) -> tuple[str, str | by
         n = rng.choice([10_000, 100_000, 1_000_000, 2_000_000, 9_500_000]) // per_char
         return kind, json.dumps(_set(obj, rng.choice(strings), char * n), ensure_ascii=False)
     if kind == "byte_flip":
-        text = list(_dumps(obj, rng))
+        chars = list(_dumps(obj, rng))
         for _ in range(rng.randint(1, 6)):
-            i = rng.randrange(len(text))
-            text[i] = rng.choice('{}[]":,\\0a \t\u0000é')
-        return kind, "".join(text)
+            i = rng.randrange(len(chars))
+            chars[i] = rng.choice('{}[]":,\\0a \t\u0000é')
+        return kind, "".join(chars)
     if kind == "not_an_object":
         return kind, rng.choice(
             ["[]", "null", "1", '"session.start"', "", " ", "[" + _dumps(obj, rng) + "]", "true"]
@@ -1020,7 +1020,7 @@ def _session_config_mutant(rng: random.Random) -> dict[str, Any]:
     """A session config with hostile values where the engine reads them (turn taking, TTL, history, adapter)."""
     cfg: dict[str, Any] = {"instructions": "hi", "history": [{"role": "user", "text": "x"}], "voice": "marin"}
     field_name = rng.choice(["turn_taking", "idle_ttl_s", "history", "adapter", "voice", "instructions"])
-    weird = rng.choice(
+    weird: Any = rng.choice(
         [-1, 0, 2**63, -(2**63), float("nan"), float("inf"), -1e308, 1e-308, 99, "x", None, [], {}]
     )
     if field_name == "turn_taking":
