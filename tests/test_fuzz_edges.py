@@ -22,7 +22,14 @@ from tests.conftest import ServerProcess, start_server
 
 SEED = 20
 #: Inputs per edge; the benchmark runs 10,000.
-INPUTS = {"live_json": 400, "base64_audio": 300, "control": 400, "sdp": 200, "rtp_opus": 500}
+INPUTS = {
+    "live_json": 400,
+    "base64_audio": 300,
+    "control": 400,
+    "sdp": 200,
+    "rtp_opus": 500,
+    "realtime_json": 400,
+}
 #: Outcomes that show the input was refused (the fuzzer is hostile, not a stream of valid events).
 REFUSALS = (Outcome.ERROR_ALIVE, Outcome.REFUSED, Outcome.CLEAN_CLOSE)
 

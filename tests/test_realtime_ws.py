@@ -226,6 +226,10 @@ async def test_unknown_event_and_bad_json_are_not_fatal(server: ServerProcess) -
         assert ev["error"]["param"] == "type" and ev["error"]["event_id"] == "x1"
         await c.ws.send("{nope")
         await c.error("invalid_json")
+        # Valid JSON structure with bytes that are not UTF-8 in a binary frame (found by fuzz_edges.py: the
+        # session closed with 1000 and no error event).
+        await c.ws.send(b'{"type": "input_audio_buffer.cl\x80ear", "event_id": "r3"}')
+        await c.error("invalid_json")
         await c.send({"type": "input_audio_buffer.append", "audio": "!!!"})
         await c.error("invalid_audio")
         await c.send({"type": "session.update", "session": {"type": "realtime"}})

@@ -258,11 +258,14 @@ def decode_client_event(raw: str | bytes) -> ClientEvent:
         failure = e
     except RecursionError:
         raise WireError("invalid_json", "the message nests JSON too deeply") from None
+    except UnicodeDecodeError:
+        # msgspec raises this (not DecodeError) for a binary frame that is not UTF-8.
+        raise WireError("invalid_json", "the message is not valid UTF-8") from None
     try:
         env = _envelope_decoder.decode(raw)
     except msgspec.ValidationError:
         raise WireError("invalid_json", "the message must be a JSON object") from None
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         raise WireError("invalid_json", "the message is not valid JSON") from None
     cid = env.event_id if isinstance(env.event_id, str) else None
     if not isinstance(env.type, str) or env.type not in _KNOWN_TYPES:

@@ -12,7 +12,8 @@ that sends them to a running ``livekit-omni serve`` (loopback engine: no model t
 * ``control``: the engine's control channel, straight to its socket: msgpack frames with wrong types, unknown
   tags, deep nesting, truncated frames, bad and huge length prefixes;
 * ``rtp_opus``: garbage Opus payloads inside a real WebRTC call (real SRTP from an aiortc caller, then the
-  server's jitter buffer, libopus, and the ingress ring), with the caller's echo checked after every batch.
+  server's jitter buffer, libopus, and the ingress ring), with the caller's echo checked after every batch;
+* ``realtime_json``: the same JSON mutations of real Realtime-dialect client events on ``/v1/realtime``.
 
 What is allowed (:func:`judge_live` and friends): a typed error and the session (or connection) alive wherever the
 protocol lets it live; otherwise a clean close with an error first. Anything else is counted against the edge:
@@ -49,7 +50,8 @@ from av import Packet
 
 from livekit_omni.live import wire
 
-EDGES: Final = ("live_json", "base64_audio", "sdp", "control", "rtp_opus")
+#: New edges go at the end: an edge's inputs are seeded by its index (:func:`edge_seed`).
+EDGES: Final = ("live_json", "base64_audio", "sdp", "control", "rtp_opus", "realtime_json")
 
 
 class Outcome(enum.StrEnum):
@@ -686,6 +688,175 @@ def _describe(obs: LiveObservation) -> str:
         for e in obs.events[:6]
     ]
     return f"events {kinds}, closed={obs.closed} code={obs.close_code} answered={obs.answered}"
+
+
+# --- realtime_json --------------------------------------------------------------------------------------------
+
+
+def realtime_seed_events() -> list[dict[str, Any]]:
+    """Real Realtime client events (what LiveKit's RealtimeModel and the openai SDK send), mutated from."""
+    return [
+        {
+            "type": "session.update",
+            "event_id": "r1",
+            "session": {
+                "type": "realtime",
+                "output_modalities": ["audio"],
+                "audio": {
+                    "input": {
+                        "format": {"type": "audio/pcm", "rate": 24000},
+                        "turn_detection": {"type": "semantic_vad", "eagerness": "auto"},
+                        "transcription": {"model": "gpt-4o-mini-transcribe"},
+                    },
+                    "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "marin"},
+                },
+                "tools": [],
+                "tool_choice": "auto",
+            },
+        },
+        {"type": "input_audio_buffer.append", "event_id": "r2", "audio": TONE_B64},
+        {"type": "input_audio_buffer.clear", "event_id": "r3"},
+        {"type": "input_audio_buffer.commit", "event_id": "r4"},
+        {
+            "type": "conversation.item.create",
+            "event_id": "r5",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Hello there."}],
+            },
+        },
+        {"type": "response.create", "event_id": "r6", "response": {"instructions": "Be brief."}},
+        {"type": "response.cancel", "event_id": "r7"},
+        {
+            "type": "conversation.item.truncate",
+            "event_id": "r8",
+            "item_id": "item_x",
+            "content_index": 0,
+            "audio_end_ms": 500,
+        },
+        {"type": "conversation.item.delete", "event_id": "r9", "item_id": "item_x"},
+        {"type": "conversation.item.retrieve", "event_id": "r10", "item_id": "item_x"},
+        {"type": "output_audio_buffer.clear", "event_id": "r11"},
+    ]
+
+
+def realtime_json_inputs(rng: random.Random, n: int) -> Iterator[FuzzInput]:
+    """``n`` Realtime JSON inputs: mutated client events of a connected session (none may end it)."""
+    seeds = realtime_seed_events()
+    for _ in range(n):
+        name, frame = _mutate_json(rng.choice(seeds), rng)
+        yield FuzzInput(name, frame)
+
+
+@dataclass(slots=True)
+class RealtimeObservation:
+    """What one Realtime input caused: the server events after it (JSON objects) and whether the socket closed."""
+
+    events: list[dict[str, Any]]
+    closed: bool
+    close_code: int | None = None
+    answered: bool = True
+
+
+def judge_realtime(obs: RealtimeObservation) -> Outcome:
+    """The verdict on one Realtime input: every error typed, no internal error, the session alive (no client
+    event of the dialect ends a session; a close is allowed only after an error, with a documented code)."""
+    errors = [e.get("error") or {} for e in obs.events if e.get("type") == "error"]
+    if any(not (e.get("code") and e.get("message") and e.get("type") in ERROR_TYPES) for e in errors):
+        return Outcome.UNTYPED_ERROR
+    if any(e.get("code") == "internal_error" for e in errors):
+        return Outcome.INTERNAL_ERROR
+    if obs.closed:
+        if (
+            errors
+            and obs.close_code in DOCUMENTED_CLOSES
+            and any(e.get("code") == "input_backpressure" for e in errors)
+        ):
+            return Outcome.CLEAN_CLOSE
+        return Outcome.UNEXPECTED_CLOSE
+    if not obs.answered:
+        return Outcome.NO_ANSWER
+    return Outcome.ERROR_ALIVE if errors else Outcome.ACCEPTED
+
+
+class _RealtimeConn:
+    """One Realtime WebSocket of the fuzzer, with the same probe as the Live one: an unknown event type whose
+    error (carrying the probe's ``event_id``) marks where one input's answer ends."""
+
+    def __init__(self, target: FuzzTarget) -> None:
+        self.target = target
+        self.ws: Any = None
+        self.n = 0
+
+    async def open(self) -> None:
+        import websockets
+
+        url = self.target.url.replace("http://", "ws://", 1) + "/v1/realtime?model=fuzz"
+        headers = {"Authorization": f"Bearer {self.target.api_key}"} if self.target.api_key else None
+        self.ws = await websockets.connect(url, additional_headers=headers, max_size=None)
+        first = json.loads(await asyncio.wait_for(self.ws.recv(), PROBE_TIMEOUT_S))
+        if first.get("type") != "session.created":
+            raise RuntimeError(f"the fuzzer's Realtime socket was refused: {first}")
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            with contextlib.suppress(Exception):
+                await self.ws.close()
+            self.ws = None
+
+    async def send(self, inp: FuzzInput) -> RealtimeObservation:
+        from websockets.exceptions import ConnectionClosed
+
+        ws = self.ws
+        assert ws is not None
+        self.n += 1
+        probe = f"probe-{self.n}"
+        events: list[dict[str, Any]] = []
+        answered = closed = False
+        try:
+            await ws.send(inp.data)
+            await ws.send(json.dumps({"type": "fuzz.probe", "event_id": probe}))
+            deadline = time.monotonic() + PROBE_TIMEOUT_S
+            while not answered:
+                raw = await asyncio.wait_for(ws.recv(), max(0.01, deadline - time.monotonic()))
+                ev = json.loads(raw)
+                if ev.get("type") == "error" and (ev.get("error") or {}).get("event_id") == probe:
+                    answered = True
+                elif not isinstance(ev, dict):
+                    events.append({"type": "error", "error": {"message": f"not an object: {raw[:80]!r}"}})
+                else:
+                    events.append(ev)
+        except ConnectionClosed:
+            closed = True
+        except TimeoutError:
+            pass
+        code = ws.close_code if closed else None
+        return RealtimeObservation(events=events, closed=closed, close_code=code, answered=answered)
+
+
+async def run_realtime(target: FuzzTarget, inputs: Iterator[FuzzInput], report: EdgeReport) -> None:
+    """Send each input on one Realtime session (a fresh one after any close) and judge it."""
+    conn = _RealtimeConn(target)
+    await conn.open()
+    try:
+        for inp in inputs:
+            obs = await conn.send(inp)
+            kinds = [
+                str(e.get("type"))
+                + (f"({(e.get('error') or {}).get('code')})" if e.get("type") == "error" else "")
+                for e in obs.events[:6]
+            ]
+            report.add(
+                inp,
+                judge_realtime(obs),
+                f"events {kinds}, closed={obs.closed} code={obs.close_code} answered={obs.answered}",
+            )
+            if obs.closed:
+                await conn.close()
+                await conn.open()
+    finally:
+        await conn.close()
 
 
 # --- sdp ------------------------------------------------------------------------------------------------------
@@ -1513,6 +1684,7 @@ GENERATORS: Final[dict[str, InputsFn]] = {
     "sdp": sdp_inputs,
     "control": control_inputs,
     "rtp_opus": rtp_opus_inputs,
+    "realtime_json": realtime_json_inputs,
 }
 RUNNERS: Final[dict[str, RunnerFn]] = {
     "live_json": run_live,
@@ -1520,6 +1692,7 @@ RUNNERS: Final[dict[str, RunnerFn]] = {
     "sdp": run_sdp,
     "control": run_control,
     "rtp_opus": run_rtp,
+    "realtime_json": run_realtime,
 }
 
 
