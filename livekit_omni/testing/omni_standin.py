@@ -74,7 +74,11 @@ def _event_id() -> str:
 
 def error_payload(code: str, message: str, *, error_type: str = "invalid_request_error") -> dict[str, Any]:
     """``vllm_omni.protocol.duplex.events.error_event(code, message).to_realtime()``."""
-    return {"type": "error", "event_id": _event_id(), "error": {"type": error_type, "code": code, "message": message}}
+    return {
+        "type": "error",
+        "event_id": _event_id(),
+        "error": {"type": error_type, "code": code, "message": message},
+    }
 
 
 ERROR_TYPES = {
@@ -102,6 +106,7 @@ class StandinSession:
     input_rate: int = 16_000
     received_ms: float = 0.0
     appends: int = 0
+    peak_rms: float = 0.0
     voiced_ms: int = 0
     quiet_ms: int = 0
     speech_start_ms: int = 0
@@ -124,6 +129,7 @@ class StandinSession:
         return {
             "id": self.id,
             "appends": self.appends,
+            "peak_rms": round(self.peak_rms, 4),
             "received_ms": round(self.received_ms),
             "input_format": self.input_format,
             "input_rate": self.input_rate,
@@ -173,7 +179,10 @@ class OmniStandin:
             "output_audio_format": "pcm16",
             "modalities": cfg.get("modalities") or ["audio", "text"],
             "audio": {
-                "input": {"format": {"type": "audio/pcm", "rate": s.input_rate}, "sample_rate_hz": s.input_rate},
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": s.input_rate},
+                    "sample_rate_hz": s.input_rate,
+                },
                 "output": {"format": {"type": "audio/pcm", "rate": self.cfg.output_rate}},
             },
             "turn_detection": cfg.get("turn_detection"),
@@ -232,7 +241,11 @@ class OmniStandin:
 
     # --- the duplex socket ---------------------------------------------------------------------------------
     async def _ws(self, request: web.Request) -> web.StreamResponse:
-        if request.path == "/v1/realtime" and request.query.get("duplex", "1").lower() in ("0", "false", "no"):
+        if request.path == "/v1/realtime" and request.query.get("duplex", "1").lower() in (
+            "0",
+            "false",
+            "no",
+        ):
             return web.Response(status=400, text="the stand-in serves only the duplex lane")
         ws = web.WebSocketResponse(max_msg_size=64 << 20)
         await ws.prepare(request)
@@ -299,19 +312,29 @@ class OmniStandin:
         return s
 
     async def _resume(self, ws: web.WebSocketResponse, msg: dict[str, Any]) -> StandinSession | None:
-        sid, token, last = msg.get("session_id"), msg.get("resume_token"), msg.get("last_received_server_event_seq", 0)
+        sid, token, last = (
+            msg.get("session_id"),
+            msg.get("resume_token"),
+            msg.get("last_received_server_event_seq", 0),
+        )
         s = self.sessions.get(sid) if isinstance(sid, str) else None
         if s is None or s.closed:
             await ws.send_str(
-                json.dumps(error_payload("session_resume_expired", f"Unknown or expired duplex session: {sid}"))
+                json.dumps(
+                    error_payload("session_resume_expired", f"Unknown or expired duplex session: {sid}")
+                )
             )
             return None
         if token != s.token or not isinstance(last, int) or last < 0:
-            await ws.send_str(json.dumps(error_payload("invalid_resume_token", "Invalid duplex session resume token")))
+            await ws.send_str(
+                json.dumps(error_payload("invalid_resume_token", "Invalid duplex session resume token"))
+            )
             return None
         old, s.ws = s.ws, ws
         if old is not None and not old.closed:
-            await old.send_str(json.dumps({"type": "session.replaced", "event_id": _event_id(), "session_id": s.id}))
+            await old.send_str(
+                json.dumps({"type": "session.replaced", "event_id": _event_id(), "session_id": s.id})
+            )
             await old.close()
         s.generation += 1
         s.token = secrets.token_urlsafe(24)
@@ -357,7 +380,9 @@ class OmniStandin:
                 await self._turn_end(s)
         elif kind == "session.heartbeat":
             s.heartbeats += 1
-            await self._send(s, {"type": "session.heartbeat_ack", "event_id": _event_id(), "session_id": s.id})
+            await self._send(
+                s, {"type": "session.heartbeat_ack", "event_id": _event_id(), "session_id": s.id}
+            )
         elif kind == "session.close":
             await self._close(s, str(msg.get("reason") or "client_close"))
         else:
@@ -367,7 +392,11 @@ class OmniStandin:
         raw = base64.b64decode(msg.get("audio") or "")
         fmt = msg.get("format") or s.input_format
         rate = int(msg.get("sample_rate_hz") or s.input_rate)
-        x = np.frombuffer(raw, dtype="<f4") if fmt == "pcm_f32le" else np.frombuffer(raw, dtype="<i2") / 32768.0
+        x = (
+            np.frombuffer(raw, dtype="<f4")
+            if fmt == "pcm_f32le"
+            else np.frombuffer(raw, dtype="<i2") / 32768.0
+        )
         s.appends += 1
         s.input_format, s.input_rate = str(fmt), rate
         frame = rate // 50
@@ -375,6 +404,7 @@ class OmniStandin:
             rms = float(np.sqrt(np.mean(np.square(x[i : i + frame], dtype=np.float64))))
             at = round(s.received_ms)
             s.received_ms += 20.0
+            s.peak_rms = max(s.peak_rms, rms)
             speech = rms > self.cfg.speech_rms
             if s.generating and s.sent_ms > 0:
                 s.overlap_ms = s.overlap_ms + 20 if speech else 0
@@ -455,7 +485,9 @@ class OmniStandin:
                     "status_details": None,
                     "output": [],
                     "modalities": ["audio", "text"],
-                    "metadata": {"duplex_event": {"type": "response.created", "response_id": rid, "epoch": epoch}},
+                    "metadata": {
+                        "duplex_event": {"type": "response.created", "response_id": rid, "epoch": epoch}
+                    },
                 },
                 "response_id": rid,
             },
@@ -527,10 +559,14 @@ class OmniStandin:
                 "transcript": transcript,
             },
         )
-        await self._send(s, self._response_done(rid, "completed", {"type": "completed", "reason": "stop"}, {}))
+        await self._send(
+            s, self._response_done(rid, "completed", {"type": "completed", "reason": "stop"}, {})
+        )
 
     @staticmethod
-    def _response_done(rid: str, status: str, details: dict[str, Any], metadata: dict[str, Any]) -> dict[str, Any]:
+    def _response_done(
+        rid: str, status: str, details: dict[str, Any], metadata: dict[str, Any]
+    ) -> dict[str, Any]:
         return {
             "type": "response.done",
             "event_id": _event_id(),
@@ -556,9 +592,13 @@ class OmniStandin:
             # Generation finished before the barge-in: only the queued playback is cleared.
             if s.sent_ms > committed:
                 s.epoch += 1
-                s.barge_ins.append({"response_id": rid, "reason": reason, "committed_ms": committed, "epoch": s.epoch})
+                s.barge_ins.append(
+                    {"response_id": rid, "reason": reason, "committed_ms": committed, "epoch": s.epoch}
+                )
                 s.response_id = None
-                await self._send(s, {"type": "output_audio_buffer.cleared", "event_id": _event_id(), "response_id": rid})
+                await self._send(
+                    s, {"type": "output_audio_buffer.cleared", "event_id": _event_id(), "response_id": rid}
+                )
             return
         s.epoch += 1
         s.generating = False
@@ -573,7 +613,9 @@ class OmniStandin:
             "committed_ms": committed,
             "playback": {"sent_ms": round(s.sent_ms), "committed_ms": committed},
         }
-        s.barge_ins.append({"response_id": rid, "reason": reason, "committed_ms": committed, "epoch": s.epoch})
+        s.barge_ins.append(
+            {"response_id": rid, "reason": reason, "committed_ms": committed, "epoch": s.epoch}
+        )
         await self._send(
             s,
             {
@@ -585,7 +627,9 @@ class OmniStandin:
                 "content_index": 0,
             },
         )
-        await self._send(s, self._response_done(rid, "cancelled", {"type": "cancelled", "reason": reason}, cancelled))
+        await self._send(
+            s, self._response_done(rid, "cancelled", {"type": "cancelled", "reason": reason}, cancelled)
+        )
 
     async def _close(self, s: StandinSession, reason: str) -> None:
         if s.closed:
@@ -611,7 +655,12 @@ class OmniStandin:
             await asyncio.sleep(0.5)
             now = time.monotonic()
             for s in list(self.sessions.values()):
-                if not s.closed and s.ws is None and s.detached_at is not None and now - s.detached_at > self.cfg.grace_s:
+                if (
+                    not s.closed
+                    and s.ws is None
+                    and s.detached_at is not None
+                    and now - s.detached_at > self.cfg.grace_s
+                ):
                     s.closed = True
                     s.generating = False
 

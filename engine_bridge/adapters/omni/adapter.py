@@ -452,12 +452,14 @@ class OmniSessionBridge:
             if turn is not None and not turn.finished and d.response_id_of(ev) in ("", turn.response_id):
                 self._model_barge_in(turn)
         elif kind == "input_audio_buffer.speech_started":
-            self.speech_start_ms = int(ev.get("audio_start_ms") or self.input_end_ms)
+            at = ev.get("audio_start_ms")
+            self.speech_start_ms = int(at) if isinstance(at, int | float) else self.input_end_ms
             s.emit(p.SpeechStarted(session_id=s.id, at_ms=self.speech_start_ms))
             if self.turn is None:
                 s.set_state(p.SessionState.USER_SPEAKING)
         elif kind == "input_audio_buffer.speech_stopped":
-            self.speech_end_ms = int(ev.get("audio_end_ms") or self.input_end_ms)
+            at = ev.get("audio_end_ms")
+            self.speech_end_ms = int(at) if isinstance(at, int | float) else self.input_end_ms
             s.emit(p.SpeechStopped(session_id=s.id, at_ms=self.speech_end_ms))
         elif kind == "conversation.item.input_audio_transcription.completed":
             text = ev.get("transcript")
