@@ -518,3 +518,44 @@ def test_b64_helper_is_plain_base64() -> None:
         0.5,
         -0.5,
     ]
+
+
+# --- the LiveKit plugin, co-located ----------------------------------------------------------------------------
+
+
+async def test_the_livekit_plugin_colocated_drives_a_session_through_the_bridge() -> None:
+    """A real ``AgentSession`` on ``OmniDuplexModel`` in co-located mode (shared-memory rings, local control
+    channel) against a real engine running the bridge; in-memory microphone and speaker (tests/plugin_harness.py),
+    only LiveKit's room is left out (it needs a LiveKit server)."""
+    from livekit_omni import OmniDuplexModel
+    from livekit_omni.plugin.colocated import ColocatedSession
+    from tests.plugin_harness import start_conversation
+
+    async with bridged() as (standin, client):
+        model = OmniDuplexModel(engine_address=_engine_address(client))
+        conv = await start_conversation(model, rate=48_000, instructions="Be brief.")
+        try:
+            assert isinstance(conv.duplex, ColocatedSession)
+            await conv.mic.say(speech(600, 48_000))
+            await conv.rec.wait_for(
+                lambda: any(not r.interrupted for r in conv.rec.of("duplex.omni_reply_done")),
+                20,
+                "the answer",
+            )
+            await conv.settle(quiet_s=0.5)
+            # The caller's turn (the model's transcript) and the model's answer land in the chat history.
+            users, answers = conv.texts("user"), conv.texts("assistant")
+            assert users and users[-1].startswith("heard"), conv.rec.summary()
+            assert answers and answers[-1].split() == [f"w{i}" for i in range(15)], conv.rec.summary()
+            assert abs(conv.speaker.loud_seconds() - REPLY_MS / 1000) <= 0.1
+            st = standin.session()
+            assert st["acks"] and st["acks"][-1]["played_ms"] == REPLY_MS
+            assert not conv.rec.of("duplex.error"), conv.rec.summary()
+        finally:
+            await conv.aclose()
+            await model.aclose()
+        assert (await client.ping()).active_sessions == 0
+
+
+def _engine_address(client: EngineClient) -> str:
+    return str(client.address)
