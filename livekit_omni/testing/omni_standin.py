@@ -66,6 +66,9 @@ class StandinConfig:
     #: Speech threshold of the energy gate, as RMS of float samples in [-1, 1].
     speech_rms: float = 0.02
     supports_barge_in: bool = True
+    #: Benchmark mode: every append comes straight back as output audio (one endless response), so the round
+    #: trip measures the bridge, not a model.
+    echo: bool = False
 
 
 def _event_id() -> str:
@@ -399,6 +402,9 @@ class OmniStandin:
         )
         s.appends += 1
         s.input_format, s.input_rate = str(fmt), rate
+        if self.cfg.echo:
+            await self._echo(s, x, rate)
+            return
         frame = rate // 50
         for i in range(0, x.shape[0] - frame + 1, frame):
             rms = float(np.sqrt(np.mean(np.square(x[i : i + frame], dtype=np.float64))))
@@ -444,6 +450,39 @@ class OmniStandin:
                         await self._turn_end(s, heard)
         if x.shape[0] % frame:
             s.received_ms += (x.shape[0] % frame) * 1000 / rate
+
+    async def _echo(self, s: StandinSession, x: np.ndarray, rate: int) -> None:
+        s.received_ms += x.shape[0] * 1000 / rate
+        if s.response_id is None:
+            s.response_id = "resp_" + secrets.token_hex(8)
+            s.responses += 1
+            await self._send(
+                s,
+                {
+                    "type": "response.created",
+                    "event_id": _event_id(),
+                    "response": {"id": s.response_id, "object": "realtime.response", "status": "in_progress"},
+                    "response_id": s.response_id,
+                },
+            )
+        out_n = x.shape[0] * self.cfg.output_rate // rate
+        y = np.interp(np.arange(out_n) * rate / self.cfg.output_rate, np.arange(x.shape[0]), x)
+        pcm = np.clip(np.rint(y * 32768.0), -32768, 32767).astype("<i2")
+        await self._send(
+            s,
+            {
+                "type": "response.output_audio.delta",
+                "event_id": _event_id(),
+                "response_id": s.response_id,
+                "item_id": None,
+                "output_index": 0,
+                "content_index": 0,
+                "delta": base64.b64encode(pcm.tobytes()).decode(),
+                "format": "pcm16",
+                "sample_rate_hz": self.cfg.output_rate,
+                "metadata": {"session_id": s.id, "epoch": s.epoch},
+            },
+        )
 
     async def _turn_end(self, s: StandinSession, heard_ms: int | None = None) -> None:
         item = "item_" + secrets.token_hex(8)
