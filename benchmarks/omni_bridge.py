@@ -8,7 +8,8 @@ decode/encode, the engine's audio thread and the bridge's loop thread), with no 
 
 This process plays the media plane for every session: it writes caller audio into each ingress ring in 20 ms
 frames at real time (ringing the engine's doorbell, as the media plane does), and a reader thread polls every
-egress ring (every 0.2 ms) for the echoed units.
+egress ring (every 0.2 ms) for the echoed units. Sessions are out of step, as callers are: session *i*'s units end
+on tick *i* mod 4 of each 80 ms (a quarter of the sessions per 20 ms tick), not all on the same one.
 
 * **added latency** of unit *k*: from the moment its last 20 ms frame was in the ingress ring to the moment its
   echo is in the egress ring. Accumulating the unit itself (80 ms) is the model's unit, not the bridge's cost,
@@ -177,8 +178,11 @@ async def run_config(client: EngineClient, engine_pid: int, n: int, seconds: flo
             cpu0, t_cpu0 = c.user + c.system, now
             units_at_cpu0 = sum(len(a) for a in reader.arrivals)
         for i, s in enumerate(sessions):
+            # Callers do not start in step: session i's units end on 20 ms tick i mod 4 of each 80 ms.
+            if k == 0 and i % FRAMES_PER_UNIT:
+                s.rings.ingress.write(np.zeros(INPUT_FRAME_SAMPLES * (i % FRAMES_PER_UNIT), dtype=np.int16))
             s.rings.ingress.write(frame)
-            if (k + 1) % FRAMES_PER_UNIT == 0:
+            if (k + 1 + i) % FRAMES_PER_UNIT == 0:
                 unit_done[i].append(time.monotonic())
         client.ring_doorbell()
         k += 1

@@ -43,7 +43,6 @@ from typing import Any, Final
 
 import aiohttp
 import numpy as np
-import numpy.typing as npt
 import soxr
 
 from engine_bridge import protocol as p
@@ -93,7 +92,9 @@ class _Uplink:
     """Caller audio on its way up. Audio thread only."""
 
     resampler: soxr.ResampleStream | None
-    pending: npt.NDArray[np.float32]
+    #: The model takes our ingress format as it is (PCM16 at 16 kHz): units go up as int16, unconverted.
+    passthrough: bool
+    pending: np.ndarray
     unit_samples: int
     #: Energy-gated turn ends for models that do not own turn-taking.
     gate: bool
@@ -126,12 +127,28 @@ class OmniBridgeAdapter(ModelAdapter):
         self.bridges: dict[str, OmniSessionBridge] = {}
         self.sidecar = "unknown"
         self.refused = 0
+        self._ticker: asyncio.Task[None] | None = None
 
     # --- lifetime ------------------------------------------------------------------------------------------
     def load(self) -> None:
         """Start the loop thread and wait for the sidecar to answer ``/health`` (it loads models for minutes)."""
         self.loop.start()
         self.loop.submit(self._wait_sidecar()).result(timeout=self.omni.startup_timeout_s + 5.0)
+        self.loop.call(self._start_ticker)
+
+    def _start_ticker(self) -> None:
+        self._ticker = asyncio.get_running_loop().create_task(self._tick_all(), name="omni-bridge-tick")
+
+    async def _tick_all(self) -> None:
+        """One timer for every session's periodic work (not one per session: fewer wake-ups per unit)."""
+        every = self.omni.ack_interval_ms / 1000
+        while True:
+            await asyncio.sleep(every)
+            for bridge in list(self.bridges.values()):
+                try:
+                    bridge.tick()
+                except Exception:
+                    log.exception("session %s: bridge tick failed", bridge.session.id)
 
     async def _wait_sidecar(self) -> None:
         health = (
@@ -200,11 +217,13 @@ class OmniBridgeAdapter(ModelAdapter):
             else None
         )
         silence = session.config.turn_taking.silence_ms or self.settings.turn_taking.silence_ms
+        passthrough = pr.input_format == "pcm16" and pr.input_rate == ENGINE_INPUT_RATE
         session.adapter_state = OmniSessionState(
             bridge,
             _Uplink(
                 resampler=resampler,
-                pending=np.zeros(0, dtype=np.float32),
+                passthrough=passthrough,
+                pending=np.zeros(0, dtype=np.int16 if passthrough else np.float32),
                 unit_samples=ms_to_samples(pr.input_unit_ms, pr.input_rate),
                 gate=not pr.owns_turn_taking,
                 silence_ms=silence,
@@ -230,11 +249,14 @@ class OmniBridgeAdapter(ModelAdapter):
         if not isinstance(st, OmniSessionState):
             return
         up = st.uplink
-        x = pcm.astype(np.float32) * (1.0 / 32768.0)
         if up.gate:
             self._gate(st, pcm)
-        if up.resampler is not None:
-            x = up.resampler.resample_chunk(x)
+        if up.passthrough:
+            x: np.ndarray = pcm.copy()  # ``pcm`` is the engine's read buffer, reused at the next read
+        else:
+            x = pcm.astype(np.float32) * (1.0 / 32768.0)
+            if up.resampler is not None:
+                x = up.resampler.resample_chunk(x)
         buf = np.concatenate([up.pending, x]) if up.pending.size else x
         n = up.unit_samples
         full = buf.shape[0] // n * n
@@ -298,7 +320,6 @@ class OmniSessionBridge:
         self.speech_start_ms = 0
         self.speech_end_ms = 0
         self.ended = False
-        self._ticker: Any = None
 
     def _new_resampler(self) -> soxr.ResampleStream | None:
         rate = self.preset.output_rate
@@ -328,9 +349,6 @@ class OmniSessionBridge:
         )
         self.link = link
         await link.open(payload)
-        self._ticker = asyncio.get_running_loop().create_task(
-            self._tick_loop(), name=f"omni-tick-{link.session_id}"
-        )
         self.session.stats.extra["omni"] = {"session_id": link.session_id, "capabilities": self.model_caps()}
 
     def model_caps(self) -> dict[str, Any]:
@@ -339,13 +357,11 @@ class OmniSessionBridge:
 
     async def close(self) -> None:
         self.ended = True
-        if self._ticker is not None:
-            self._ticker.cancel()
         if self.link is not None:
             await self.link.close()
 
     # --- up ------------------------------------------------------------------------------------------------
-    def send_audio(self, unit: npt.NDArray[np.float32]) -> None:
+    def send_audio(self, unit: np.ndarray) -> None:
         link = self.link
         if link is None or self.ended:
             return
@@ -586,18 +602,20 @@ class OmniSessionBridge:
         turn.acked_ms = max(turn.acked_ms, ms)
         self.link.send(d.AckPlayback(played_ms=ms, committed_ms=ms, response_id=turn.response_id))
 
-    async def _tick_loop(self) -> None:
-        every = self.omni.ack_interval_ms / 1000
-        while not self.ended:
-            await asyncio.sleep(every)
-            turn = self.turn
-            if turn is None or turn.finished:
-                continue
-            self._ack(turn, self._played(turn))
-            if turn.generated:
-                eg = self.session.rings.egress
-                if not self.session.outbox and eg.write_cursor <= eg.read_cursor:
-                    self._finish(turn)
+    def tick(self) -> None:
+        """Every ``ack_interval_ms`` (the adapter's one ticker for all sessions): the playout goes back as
+        ``playback.ack``, a generated turn whose audio has all left is done, the newest event is acknowledged."""
+        if self.ended or self.link is None:
+            return
+        self.link.flush_event_ack()
+        turn = self.turn
+        if turn is None or turn.finished:
+            return
+        self._ack(turn, self._played(turn))
+        if turn.generated:
+            eg = self.session.rings.egress
+            if not self.session.outbox and eg.write_cursor <= eg.read_cursor:
+                self._finish(turn)
 
     # --- loss ----------------------------------------------------------------------------------------------
     def on_lost(self, reason: str) -> None:

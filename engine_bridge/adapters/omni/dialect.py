@@ -204,9 +204,14 @@ def event_epoch(ev: dict[str, Any]) -> int | None:
 # --- audio -----------------------------------------------------------------------------------------------------
 
 
-def encode_input(pcm: npt.NDArray[np.float32], fmt: InputFormat) -> str:
-    """Float samples in [-1, 1] → base64 of the model's input encoding (little-endian)."""
-    if fmt == "pcm_f32le":
+def encode_input(pcm: np.ndarray, fmt: InputFormat) -> str:
+    """int16 samples, or float samples in [-1, 1] → base64 of the model's input encoding (little-endian)."""
+    if pcm.dtype == np.int16:
+        if fmt == "pcm16":
+            raw = pcm.astype("<i2", copy=False).tobytes()
+        else:
+            raw = (pcm.astype(np.float32) * (1.0 / 32768.0)).astype("<f4").tobytes()
+    elif fmt == "pcm_f32le":
         raw = pcm.astype("<f4").tobytes()
     else:
         raw = np.clip(np.rint(pcm * 32768.0), -32768, 32767).astype("<i2").tobytes()
