@@ -197,8 +197,14 @@ class OmniBridgeAdapter(ModelAdapter):
                 f"the model server takes {self.preset.max_sessions} sessions ({self.omni.preset}); try again later",
             )
         bridge = OmniSessionBridge(self, session)
+        opening = self.loop.submit(bridge.open())
         try:
-            self.loop.submit(bridge.open()).result(timeout=self.omni.handshake_timeout_s + 5.0)
+            opening.result(timeout=self.omni.handshake_timeout_s + 5.0)
+        except TimeoutError as e:
+            opening.cancel()
+            raise SessionRefused(
+                p.ErrorCode.TIMEOUT, "the model server did not open the session in time"
+            ) from e
         except LinkRefused as e:
             self.refused += 1
             if e.code in d.CAPACITY_CODES:
@@ -208,7 +214,7 @@ class OmniBridgeAdapter(ModelAdapter):
             raise SessionRefused(
                 p.ErrorCode.INVALID_REQUEST, f"the model server refused the session ({e})"
             ) from e
-        except (OSError, TimeoutError, ConnectionError, aiohttp.ClientError) as e:
+        except (OSError, ConnectionError, aiohttp.ClientError) as e:
             raise SessionRefused(p.ErrorCode.ENGINE_LOADING, f"the model server is not reachable: {e}") from e
         pr = self.preset
         resampler = (
