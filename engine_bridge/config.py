@@ -100,6 +100,10 @@ class OmniPreset(BaseModel):
     #: The model accepts a client ``barge_in`` (our interrupt maps to it); without it an interrupt only fences
     #: our own output and the model's overlap policy decides on its side.
     barge_in: bool = True
+    #: The safety net where ``barge_in`` is allowed: caller speech (an energy gate) over audible model speech for
+    #: this long cuts the model off from our side, as a client interrupt does. 0: off, the model's own overlap
+    #: handling decides (a native duplex model stops by itself; vLLM-Omni's overlap policy can cut it off).
+    barge_in_after_ms: int = Field(0, ge=0, le=5_000)
     #: The deploy file's ``runtime.max_sessions``: sessions beyond it are refused before the sidecar is asked.
     max_sessions: int = Field(4, ge=1, le=256)
     #: Model-specific ``session.update`` keys (``overlap_policy``, ``voice`` ...) and ``extra_body`` knobs.

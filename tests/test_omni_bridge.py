@@ -369,6 +369,31 @@ async def test_our_interrupt_acks_the_played_position_then_barges_in(
         await s.close()
 
 
+async def test_the_safety_net_cuts_a_model_that_talks_over_the_caller() -> None:
+    """A model whose overlap handling never yields (the stand-in without its overlap policy): with the preset's
+    ``barge_in_after_ms`` our side hears the caller over it, fences, and sends the played position + ``barge_in``."""
+    preset = {"input_unit_ms": 200, "barge_in_after_ms": 300}
+    async with bridged(preset="net", presets={"net": preset}) as (standin, client):
+        s = await client.open_session(p.SessionConfig())
+        d = SessionDriver(s)
+        try:
+            await d.run(
+                np.concatenate([speech(600), silence(400)]), until=lambda x: turn_played_ms(x, 1) >= 400
+            )
+            await d.run(speech(600), until=lambda x: bool(x.of(p.ReplyDone)))
+            await d.run(seconds=0.4)
+            barge, done = d.of(p.BargeIn)[0], d.of(p.ReplyDone)[0]
+            assert barge.epoch == 1 and [e for _, e in d.epoch_changes] == [1]
+            assert done.interrupted and done.turn_id == barge.turn_id == 1
+            (cut,) = standin.session()["barge_ins"]
+            assert cut["reason"] == "barge_in"
+            assert abs(cut["committed_ms"] - turn_played_ms(d, 1)) <= 60
+            t_fence = d.epoch_changes[0][0]
+            assert not [x for x in d.played if x.turn_id == 1 and x.wall > t_fence + 0.03]
+        finally:
+            await s.close()
+
+
 async def test_model_initiated_speech(bridge_engine: tuple[Standin, EngineClient]) -> None:
     standin, client = bridge_engine
     s = await client.open_session(p.SessionConfig())

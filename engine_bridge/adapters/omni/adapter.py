@@ -29,7 +29,8 @@ Data path, per session:
 Turn-taking is the model's when the preset says so (``owns_turn_taking``): the bridge runs no endpointing and
 never commits, the model decides when to listen and when to speak (it may speak first). For a model that does
 not own its turns, the bridge commits a turn after ``turn_taking.silence_ms`` of caller silence
-(an energy gate, no VAD model). Capabilities are data (:meth:`capabilities`): /health and ``session.started``
+(an energy gate, no VAD model). Barge-in stays available as a safety net where the model allows it: a client
+interrupt always, and with ``barge_in_after_ms`` caller speech over the model for that long. Capabilities are data (:meth:`capabilities`): /health and ``session.started``
 report them.
 """
 
@@ -99,8 +100,13 @@ class _Uplink:
     #: Energy-gated turn ends for models that do not own turn-taking.
     gate: bool
     silence_ms: int
+    #: The barge-in safety net (``OmniPreset.barge_in_after_ms``; 0: off).
+    barge_in_after_ms: int = 0
     voiced_ms: int = 0
     quiet_ms: int = 0
+    overlap_ms: int = 0
+    #: The turn the safety net already cut (one cut per turn).
+    cut_turn: int = 0
 
 
 @dataclass
@@ -233,6 +239,7 @@ class OmniBridgeAdapter(ModelAdapter):
                 unit_samples=ms_to_samples(pr.input_unit_ms, pr.input_rate),
                 gate=not pr.owns_turn_taking,
                 silence_ms=silence,
+                barge_in_after_ms=pr.barge_in_after_ms if pr.barge_in else 0,
             ),
         )
         self.bridges[session.id] = bridge
@@ -257,6 +264,8 @@ class OmniBridgeAdapter(ModelAdapter):
         up = st.uplink
         if up.gate:
             self._gate(st, pcm)
+        if up.barge_in_after_ms:
+            self._watch_overlap(session, st, pcm)
         if up.passthrough:
             x: np.ndarray = pcm.copy()  # ``pcm`` is the engine's read buffer, reused at the next read
         else:
@@ -269,6 +278,26 @@ class OmniBridgeAdapter(ModelAdapter):
         for i in range(0, full, n):
             self.loop.call(st.bridge.send_audio, buf[i : i + n])
         up.pending = buf[full:].copy() if full else buf
+
+    def _watch_overlap(self, session: DuplexSession, st: OmniSessionState, pcm: np.ndarray) -> None:
+        """The safety net: caller speech over audible model speech for ``barge_in_after_ms`` cuts the model off.
+        The fence goes up here, on the audio thread, first: the media plane drops the queued audio at its next
+        frame; the loop thread then tells the model (``playback.ack`` + ``barge_in``)."""
+        up = st.uplink
+        reply = session.reply
+        if not session.model_audible() or reply.turn_id == up.cut_turn:
+            up.overlap_ms = 0
+            return
+        frame = ENGINE_INPUT_RATE // 50
+        for i in range(0, pcm.shape[0] - frame + 1, frame):
+            f = pcm[i : i + frame].astype(np.float32)
+            up.overlap_ms = up.overlap_ms + 20 if float(np.sqrt(np.mean(f * f))) > SPEECH_RMS else 0
+            if up.overlap_ms >= up.barge_in_after_ms:
+                up.overlap_ms = 0
+                up.cut_turn = reply.turn_id
+                epoch = session.bump_epoch()
+                self.loop.call(st.bridge.local_barge_in, epoch, True)
+                return
 
     def _gate(self, st: OmniSessionState, pcm: np.ndarray) -> None:
         """The commit of a model that does not own turn-taking: speech, then ``silence_ms`` of quiet."""
@@ -389,8 +418,9 @@ class OmniSessionBridge:
             self.link.send(d.Commit())
 
     # --- barge-in ------------------------------------------------------------------------------------------
-    def local_barge_in(self, epoch: int) -> None:
-        """Our side cut the model off (the engine core already bumped the epoch to ``epoch``)."""
+    def local_barge_in(self, epoch: int, caller: bool = False) -> None:
+        """Our side cut the model off, the epoch already bumped to ``epoch``: a client interrupt (the engine core
+        fenced it) or, with ``caller``, the safety net heard the caller over the model (a ``BargeIn``)."""
         turn = self.turn
         if turn is None or turn.finished or self.link is None:
             return
@@ -400,7 +430,7 @@ class OmniSessionBridge:
             self.link.send(d.BargeIn())
         else:
             self.link.send(d.CancelResponse(response_id=turn.response_id))
-        self._end_turn(turn, played, barge_in_epoch=None)
+        self._end_turn(turn, played, barge_in_epoch=epoch if caller else None)
 
     def _model_barge_in(self, turn: OmniTurn) -> None:
         """The model cut itself off (its overlap policy or server VAD heard the caller): fence our output."""
