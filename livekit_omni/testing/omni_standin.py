@@ -295,7 +295,8 @@ class OmniStandin:
             )
             await ws.send_str(json.dumps(payload))
             return None
-        cfg = msg.get("session") if isinstance(msg.get("session"), dict) else {}
+        raw_cfg = msg.get("session")
+        cfg: dict[str, Any] = raw_cfg if isinstance(raw_cfg, dict) else {}
         s = StandinSession(id="duplex_" + secrets.token_hex(8), token=secrets.token_urlsafe(24), config=cfg)
         s.input_format = str(cfg.get("input_audio_format") or "pcm16")
         s.input_rate = int(cfg.get("sample_rate_hz") or 16_000)
