@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, Field
 
@@ -85,11 +85,107 @@ class ThinkerSettings(BaseModel):
     max_text_requests: int = Field(8, ge=0, le=256)
 
 
+class OmniPreset(BaseModel):
+    """What the bridge must know about one vLLM-Omni duplex model family: its wire audio, its unit, its turns.
+
+    The values mirror the model's client preset in vLLM-Omni 0.30 (``vllm_omni/clients/<model>.py``) and its
+    capability payload (``supports_model_native_turn_policy``, ``supports_barge_in``)."""
+
+    #: The model's input encoding on the wire: ``pcm16`` (int16 LE) or ``pcm_f32le`` (float32 LE).
+    input_format: Literal["pcm16", "pcm_f32le"] = "pcm16"
+    input_rate: int = Field(16_000, ge=8_000, le=48_000)
+    #: Caller audio goes up in appends of this many ms: the model's native unit (one mel window, one frame).
+    input_unit_ms: int = Field(200, ge=10, le=2_000)
+    #: The model's output audio (always PCM16 on the duplex lane) and its rate; resampled to the egress rate.
+    output_rate: int = Field(24_000, ge=8_000, le=48_000)
+    #: The model decides when to listen and when to speak; the engine runs no endpointing of its own.
+    owns_turn_taking: bool = True
+    #: The model accepts a client ``barge_in`` (our interrupt maps to it); without it an interrupt only fences
+    #: our own output and the model's overlap policy decides on its side.
+    barge_in: bool = True
+    #: The safety net where ``barge_in`` is allowed: caller speech (an energy gate) over audible model speech for
+    #: this long cuts the model off from our side, as a client interrupt does. 0: off, the model's own overlap
+    #: handling decides (a native duplex model stops by itself; vLLM-Omni's overlap policy can cut it off).
+    barge_in_after_ms: int = Field(0, ge=0, le=5_000)
+    #: The deploy file's ``runtime.max_sessions``: sessions beyond it are refused before the sidecar is asked.
+    max_sessions: int = Field(4, ge=1, le=256)
+    #: Model-specific ``session.update`` keys (``overlap_policy``, ``voice`` ...) and ``extra_body`` knobs.
+    session: dict[str, Any] = Field(default_factory=dict)
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+
+def _builtin_omni_presets() -> dict[str, OmniPreset]:
+    # Model families vLLM-Omni 0.30 serves in its duplex runtime (docs/omni-models.md has the serve commands).
+    return {
+        # MiniCPM-o 4.5: 16 kHz PCM16 in, 24 kHz out, 1 s native units, listen/speak decided by the model.
+        "minicpmo_4_5": OmniPreset(
+            input_unit_ms=1000,
+            max_sessions=4,
+            session={"overlap_policy": "listen_only", "playback_commit_policy": "ack_only"},
+            extra_body={"force_listen_count": 0},
+        ),
+        # Qwen3-Omni (duplex deploy): server VAD turns, interruptible, 16 kHz PCM16 in.
+        "qwen3_omni": OmniPreset(input_unit_ms=200, owns_turn_taking=False, max_sessions=4),
+        # PersonaPlex (Moshi finetune): 24 kHz float32 in, 80 ms Mimi frames, no client barge-in.
+        "personaplex": OmniPreset(
+            input_format="pcm_f32le",
+            input_rate=24_000,
+            input_unit_ms=80,
+            barge_in=False,
+            max_sessions=2,
+            session={"voice": "NATF2.pt"},
+        ),
+        # Nemotron VoiceChat: 16 kHz float32 in, 80 ms frames, 22.05 kHz out, no client barge-in.
+        "nemotron_voicechat": OmniPreset(
+            input_format="pcm_f32le",
+            input_unit_ms=80,
+            output_rate=22_050,
+            barge_in=False,
+            max_sessions=1,
+        ),
+    }
+
+
+class OmniBridgeSettings(BaseModel):
+    """``engine.adapter = "omni_bridge"``: one vLLM-Omni duplex session per engine session, over the sidecar's
+    WebSocket (``vllm-omni serve <model> --omni``, one sidecar per GPU; docs/omni-models.md)."""
+
+    #: The sidecar's base URL; the duplex path and query are added (``/v1/realtime?duplex=1``).
+    url: str = "ws://127.0.0.1:8091"
+    #: ``/v1/realtime`` (the normative duplex contract, with ``?duplex=1``) or ``/v1/duplex`` (its alias).
+    path: Literal["/v1/realtime", "/v1/duplex"] = "/v1/realtime"
+    #: The served model name the sidecar expects in ``session.update`` (``--served-model-name`` or the HF id).
+    model: str = "openbmb/MiniCPM-o-4_5"
+    #: Which entry of ``presets`` describes the model.
+    preset: str = "minicpmo_4_5"
+    presets: dict[str, OmniPreset] = Field(default_factory=_builtin_omni_presets)
+    #: How long engine start-up waits for the sidecar to answer (its models load for minutes on a cold GPU).
+    startup_timeout_s: float = Field(120.0, gt=0)
+    #: ``session.update`` → ``session.created`` handshake limit.
+    handshake_timeout_s: float = Field(15.0, gt=0)
+    #: A dropped bridge socket is resumed (``session.resume`` with the resume token) for this long, inside the
+    #: sidecar's disconnect grace (30 s in vLLM-Omni 0.30); after it the session ends with ``sidecar_lost``.
+    resume_window_s: float = Field(10.0, ge=0)
+    #: ``session.heartbeat`` period (keeps the sidecar's lease alive while the caller is silent and muted).
+    heartbeat_s: float = Field(20.0, gt=0)
+    #: How often our playout position goes back as ``playback.ack`` while the model speaks.
+    ack_interval_ms: int = Field(100, ge=10, le=5_000)
+    instructions: str = ""
+
+    def resolved_preset(self) -> OmniPreset:
+        try:
+            return self.presets[self.preset]
+        except KeyError:
+            raise ValueError(
+                f"unknown omni preset {self.preset!r}; known presets: {', '.join(sorted(self.presets))}"
+            ) from None
+
+
 class EngineSettings(BaseModel):
     #: ``unix:/path`` or ``tcp:HOST:PORT``.
     address: str = Field(default_factory=lambda: "unix:" + default_socket_path())
     #: The model adapter, by its name in :mod:`engine_bridge.adapters.registry`: ``cascade`` (VAD → ASR → thinker →
-    #: TTS) or ``loopback`` (a test fixture that echoes the caller). An unknown name fails at engine start, listing
+    #: TTS), ``omni_bridge`` (a vLLM-Omni duplex sidecar) or ``loopback`` (a test fixture that echoes the caller). An unknown name fails at engine start, listing
     #: the known ones (the registry is not imported here: it imports the adapter base, which imports this module).
     adapter: str = Field("cascade", pattern=f"^{ADAPTER_NAME_PATTERN}$")
     loopback_delay_ms: int = Field(200, ge=0, le=10_000)
@@ -104,3 +200,5 @@ class EngineSettings(BaseModel):
     turn_taking: TurnTakingSettings = Field(default_factory=TurnTakingSettings)
     models: ModelSettings = Field(default_factory=ModelSettings)
     thinker: ThinkerSettings = Field(default_factory=ThinkerSettings)
+    #: The vLLM-Omni sidecar bridge (``adapter = "omni_bridge"``); ignored by the other adapters.
+    omni_bridge: OmniBridgeSettings = Field(default_factory=OmniBridgeSettings)

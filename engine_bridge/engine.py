@@ -32,6 +32,7 @@ import psutil
 
 from engine_bridge import protocol as p
 from engine_bridge.adapters import ModelAdapter, make_adapter
+from engine_bridge.adapters.base import SessionRefused
 from engine_bridge.config import EngineSettings
 from engine_bridge.control import Address, ControlServer, ServerConnection
 from engine_bridge.doorbell import Doorbell
@@ -139,6 +140,7 @@ class Engine:
         self.texts_rejected = 0
         # Workers of the adapter (ASR, TTS) wake the scheduler when their results land in a mailbox.
         self.adapter.wake = self._wake
+        self.adapter.end_session = self._end_session_threadsafe
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -223,6 +225,7 @@ class Engine:
             "text_requests_started": self.texts_started,
             "text_requests_rejected": self.texts_rejected,
             "max_text_requests": self.settings.thinker.max_text_requests,
+            "capabilities": self.adapter.capabilities(),
             **self.adapter.describe(),
         }
 
@@ -315,6 +318,12 @@ class Engine:
         self._wake.set()
         try:
             await asyncio.wrap_future(done)
+        except SessionRefused as e:
+            log.info("session %s: refused by the adapter: %s", session.id, e)
+            self.manager.remove(session.id)
+            self.manager.rejected += 1
+            rings.close()
+            return p.ErrorReply(req_id=cmd.req_id, code=e.code, message=str(e))
         except Exception as e:
             log.exception("session %s: adapter open failed", session.id)
             self.manager.remove(session.id)
@@ -403,6 +412,14 @@ class Engine:
         self._wake.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.wrap_future(done), 10.0)
+
+    def _end_session_threadsafe(self, session: DuplexSession, reason: str) -> None:
+        """The adapter's model side ended this session (see ``ModelAdapter.end_session``); any thread."""
+        loop = self._loop
+        if loop is None or session.closing:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closing
+            asyncio.run_coroutine_threadsafe(self._close_session(session, reason), loop)
 
     def _finalize(self, session: DuplexSession, reason: str) -> None:
         """Scheduler thread: release the model state and the rings; tell the client."""

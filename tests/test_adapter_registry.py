@@ -38,7 +38,11 @@ def test_importing_the_registry_imports_no_adapter() -> None:
 
 
 def test_every_builtin_name_resolves_to_the_adapter_of_that_name() -> None:
-    assert registry.adapter_names() == sorted(registry.BUILTIN_ADAPTERS) == ["cascade", "loopback"]
+    assert (
+        registry.adapter_names()
+        == sorted(registry.BUILTIN_ADAPTERS)
+        == ["cascade", "loopback", "omni_bridge"]
+    )
     for name in registry.adapter_names():
         cls = registry.adapter_class(name)
         assert issubclass(cls, ModelAdapter)
@@ -54,8 +58,11 @@ def test_make_adapter_builds_the_adapter_the_setting_names() -> None:
 
 def test_an_unknown_name_fails_listing_the_known_ones() -> None:
     with pytest.raises(registry.UnknownAdapterError) as err:
-        registry.make_adapter(EngineSettings(adapter="omni_bridge"))
-    assert str(err.value) == "unknown model adapter 'omni_bridge'; known adapters: cascade, loopback"
+        registry.make_adapter(EngineSettings(adapter="moshi_native"))
+    assert (
+        str(err.value)
+        == "unknown model adapter 'moshi_native'; known adapters: cascade, loopback, omni_bridge"
+    )
 
 
 def test_the_setting_refuses_a_malformed_name() -> None:

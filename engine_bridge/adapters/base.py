@@ -6,8 +6,10 @@ Threading contract (see :mod:`engine_bridge.session`): ``on_audio`` runs on the 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,19 @@ class AdapterCaps:
     #: Text requests (/v1/chat/completions) run on the adapter's LLM: ``submit_text`` accepts them and ``step``
     #: advances them after the voice sessions' work.
     text_completions: bool = False
+    #: A client interrupt (and caller speech over the model, where the engine detects it) cuts the model off.
+    #: A model that owns turn-taking may still take barge-in as a safety net; one that refuses it only has its
+    #: output fenced on our side.
+    barge_in: bool = True
+
+
+class SessionRefused(Exception):
+    """``open`` refused the session for a reason the client should see by its code (e.g. the model server is at
+    capacity: ``session_limit_reached``), instead of a generic open failure."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ModelAdapter(ABC):
@@ -40,6 +55,9 @@ class ModelAdapter(ABC):
         #: Set by the engine: posting to a mailbox from another thread should also set it, so the scheduler
         #: does not sleep through the message.
         self.wake: threading.Event | None = None
+        #: Set by the engine: ends a session from any thread, as an engine-side failure would (the adapter's
+        #: model server died under it). Emit the typed ``SessionError`` first, then call it with the reason.
+        self.end_session: Callable[[DuplexSession, str], None] | None = None
 
     def load(self) -> None:
         """Load models (engine start-up, before sessions are admitted). Default: nothing to load."""
@@ -48,6 +66,10 @@ class ModelAdapter(ABC):
     def describe(self) -> dict[str, Any]:
         """What /health shows about the loaded models."""
         return {"adapter": self.name}
+
+    def capabilities(self) -> dict[str, bool]:
+        """The capabilities as data: what /health and ``session.started`` report."""
+        return dataclasses.asdict(self.caps)
 
     @abstractmethod
     def open(self, session: DuplexSession) -> None:

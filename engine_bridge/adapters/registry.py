@@ -28,6 +28,8 @@ BUILTIN_ADAPTERS: Final[Mapping[str, str]] = MappingProxyType(
     {
         # VAD -> ASR -> thinker with a KV lease -> TTS; the product's default.
         "cascade": "engine_bridge.adapters.cascade:CascadeAdapter",
+        # A vLLM-Omni duplex sidecar (MiniCPM-o 4.5, Qwen3-Omni, PersonaPlex, Nemotron VoiceChat) over its WebSocket.
+        "omni_bridge": "engine_bridge.adapters.omni:OmniBridgeAdapter",
         # Echoes the caller after a delay: a test fixture for the data plane, loads no models.
         "loopback": "engine_bridge.adapters.loopback:LoopbackFixtureAdapter",
     }

@@ -359,7 +359,13 @@ class LiveSession:
 
     def resource(self) -> wire.SessionResource:
         assert self.config is not None
-        return wire.session_resource(self.config, session_id=self.id, expires_at=self.expires_at)
+        caps = self.hub.supervisor.engine_info.get("capabilities")
+        return wire.session_resource(
+            self.config,
+            session_id=self.id,
+            expires_at=self.expires_at,
+            capabilities=caps if isinstance(caps, dict) else None,
+        )
 
     def usage_seconds(self) -> float:
         return round(time.monotonic() - self.started_at, 1) if self.started_at else 0.0

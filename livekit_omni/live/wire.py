@@ -573,9 +573,14 @@ class SessionResource(msgspec.Struct, kw_only=True, omit_defaults=True):
     triggers: list[dict[str, Any]]
     safety_identifier: str | None = None
     client: ClientConfig | None = None
+    #: What the engine's model adapter can do, as data (also in /health): ``owns_turn_taking`` (the model decides
+    #: when to speak; no endpointing of ours), ``barge_in`` (talking over it cuts it off) ... An extension.
+    capabilities: dict[str, bool] | None = None
 
 
-def session_resource(cfg: ResolvedConfig, *, session_id: str, expires_at: int) -> SessionResource:
+def session_resource(
+    cfg: ResolvedConfig, *, session_id: str, expires_at: int, capabilities: dict[str, bool] | None = None
+) -> SessionResource:
     """The SessionResource of ``session.started``/``updated``/``closed``: the resolved config plus id etc."""
     return SessionResource(
         id=session_id,
@@ -593,6 +598,7 @@ def session_resource(cfg: ResolvedConfig, *, session_id: str, expires_at: int) -
         triggers=[],
         safety_identifier=cfg.safety_identifier,
         client=cfg.client,
+        capabilities=capabilities,
     )
 
 
