@@ -5,7 +5,9 @@ strictly against the openai SDK's ``RealtimeServerEvent`` union (tests/realtime_
 
 Signalling, auth, ephemeral keys and limits run against the loopback engine (a test fixture with no models: none of
 those need a turn or a reply). The spoken exchange and the barge-in need the embedded models (VAD → ASR → SmolLM2 →
-Piper), so they run against the cascade engine; the caller's speech is Piper-synthesized.
+Piper), so they run against the cascade engine; the caller's speech is Piper-synthesized. So do the browser tests:
+headless Chromium runs frontend/realtime.html (the standard browser pattern) with a fake microphone playing a Piper
+WAV (tests/browser.py), with ``?aec=0`` (browser audio processing mangles a fake-file mic).
 """
 
 from __future__ import annotations
@@ -15,17 +17,21 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
 import pytest
+from selenium.webdriver.chrome.webdriver import WebDriver
+from selenium.webdriver.common.by import By
 
 from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from media.webrtc import enable_loopback_ice
+from tests.browser import launch_chromium, wait_until
 from tests.conftest import ServerProcess, start_server
 from tests.realtime_checks import ServerEventLog
-from tests.speech_fixtures import synthesize_speech
+from tests.speech_fixtures import synthesize_speech, write_wav
 
 API_KEY = "sk-test"
 QUESTION = "What is the capital of France?"
@@ -298,3 +304,131 @@ async def test_barge_in_stops_the_answer_on_the_track(cascade_calls_server: Serv
     assert set(kept.split()) <= set(sent.split()), (kept, sent)
     quiet = loud_seconds(np.concatenate(after), caller.rate) if after else 0.0
     assert quiet <= 0.2, f"{quiet:.2f} s of the cut answer still played after the barge-in"
+
+
+# --- the browser page (headless Chromium, embedded models) ------------------------------------------------------
+
+
+def _open_realtime_page(driver: WebDriver, server: ServerProcess) -> None:
+    driver.get(f"{server.url}/static/realtime.html?key={API_KEY}&aec=0")
+    wait_until(
+        driver, lambda d: d.execute_script("return !!window.realtimeDemo"), timeout=20, what="the page"
+    )
+    driver.find_element(By.ID, "connect").click()
+    wait_until(
+        driver,
+        lambda d: (
+            d.execute_script("return window.realtimeDemo.status() === 'connected'")
+            or d.execute_script("return window.realtimeDemo.errors().length > 0")
+        ),
+        timeout=30,
+        what="the call to connect",
+    )
+    assert driver.execute_script("return window.realtimeDemo.errors()") == []
+
+
+def _page_events(driver: WebDriver) -> list[tuple[float, dict[str, Any]]]:
+    evs = driver.execute_script("return window.realtimeDemo.events()")
+    ats = driver.execute_script("return window.realtimeDemo.arrivals()")
+    return list(zip(ats, evs, strict=True))
+
+
+def _page_event(driver: WebDriver, pred: Any, timeout: float, what: str) -> tuple[float, dict[str, Any]]:
+    """The first page event (its arrival on the page clock, ms, and the event) for which ``pred`` holds."""
+    found = wait_until(
+        driver, lambda d: next((x for x in _page_events(d) if pred(x[1])), None), timeout=timeout, what=what
+    )
+    assert found is not None  # wait_until returns only a truthy value
+    return found
+
+
+def _loud_s(levels: list[list[float]], t_from: float, t_to: float, db: float = -50.0) -> float:
+    """Seconds of remote audio above ``db`` between two page times (ms), from the page's 20 ms meter."""
+    return sum(0.02 for t, level in levels if t_from <= t < t_to and level > db)
+
+
+def _mic_wav(path: Path, text: str, lead_ms: int) -> None:
+    write_wav(
+        path, synthesize_speech(text, rate=48000, lead_silence_ms=lead_ms, tail_silence_ms=10_000), 48000
+    )
+
+
+@pytest.mark.slow
+def test_browser_page_hears_an_answer(cascade_calls_server: ServerProcess, output_dir: Path) -> None:
+    """The page's standard pattern (client secret, getUserMedia, RTCPeerConnection, SDP to /v1/realtime/calls,
+    oai-events) with a fake microphone asking a question: the answer arrives as events and is heard."""
+    wav = output_dir / "fake-mic.wav"
+    _mic_wav(wav, QUESTION, 1500)
+    with launch_chromium(output_dir, fake_mic_wav=wav) as driver:
+        _open_realtime_page(driver, cascade_calls_server)
+        _, done = _page_event(driver, lambda e: e["type"] == "response.done", 90, "the answer")
+        rid = done["response"]["id"]
+        started_at, _ = _page_event(
+            driver,
+            lambda e: e["type"] == "output_audio_buffer.started" and e["response_id"] == rid,
+            5,
+            "started",
+        )
+        stopped_at, _ = _page_event(
+            driver,
+            lambda e: e["type"] == "output_audio_buffer.stopped" and e["response_id"] == rid,
+            30,
+            "stopped",
+        )
+        time.sleep(0.5)
+        levels = driver.execute_script("return window.realtimeDemo.levels()")
+        events = [e for _, e in _page_events(driver)]
+        driver.save_screenshot(str(output_dir / "realtime-page.png"))
+        driver.execute_script("window.realtimeDemo.hangUp()")
+    (output_dir / "page-events.json").write_text(json.dumps(events, indent=1))
+    log = ServerEventLog()
+    for e in events:
+        log.add(e)
+    log.validate()
+    assert done["response"]["status"] == "completed", done
+    assert "paris" in done["response"]["output"][0]["content"][0]["transcript"].lower(), done
+    heard = _loud_s(levels, started_at - 500, stopped_at + 500)
+    assert heard > 0.5, f"the page heard {heard:.2f} s of the answer"
+
+
+@pytest.mark.slow
+def test_browser_page_barge_in_stops_the_answer(
+    cascade_calls_server: ServerProcess, output_dir: Path
+) -> None:
+    """Talking over a long answer (the fake mic re-opened with the interruption): the answer is cancelled
+    (``turn_detected``), ``output_audio_buffer.cleared`` follows, and the page hears no more of it."""
+    wav = output_dir / "fake-mic.wav"
+    _mic_wav(wav, "Tell me a long story about a dragon and a knight.", 1500)
+    with launch_chromium(output_dir, fake_mic_wav=wav) as driver:
+        _open_realtime_page(driver, cascade_calls_server)
+        _, first = _page_event(driver, lambda e: e["type"] == "output_audio_buffer.started", 90, "the answer")
+        rid = first["response_id"]
+        time.sleep(3.0)
+        assert not any(e["type"] == "response.done" for _, e in _page_events(driver)), (
+            "the answer ended too soon"
+        )
+        _mic_wav(wav, "Hold on, what is the capital of Italy?", 300)
+        driver.execute_script("return window.realtimeDemo.reopenMicrophone()")
+        _, done = _page_event(
+            driver, lambda e: e["type"] == "response.done" and e["response"]["id"] == rid, 30, "the cut"
+        )
+        cleared_at, _ = _page_event(
+            driver,
+            lambda e: e["type"] == "output_audio_buffer.cleared" and e["response_id"] == rid,
+            10,
+            "cleared",
+        )
+        time.sleep(1.5)
+        levels = driver.execute_script("return window.realtimeDemo.levels()")
+        later = [
+            t
+            for t, e in _page_events(driver)
+            if e["type"] == "output_audio_buffer.started" and e["response_id"] != rid
+        ]
+        driver.execute_script("window.realtimeDemo.hangUp()")
+    assert done["response"]["status"] == "cancelled", done
+    assert done["response"]["status_details"]["reason"] == "turn_detected", done
+    # From 300 ms after the cut (audio in flight and the jitter buffer) until the next answer starts, or 1 s.
+    quiet_to = min([cleared_at + 1300, *later])
+    still = _loud_s(levels, cleared_at + 300, quiet_to)
+    assert still <= 0.1, f"{still:.2f} s of the cut answer played after the barge-in"
