@@ -328,8 +328,8 @@ def _open_realtime_page(driver: WebDriver, server: ServerProcess) -> None:
 
 
 def _page_events(driver: WebDriver) -> list[tuple[float, dict[str, Any]]]:
-    evs = driver.execute_script("return window.realtimeDemo.events()")
-    ats = driver.execute_script("return window.realtimeDemo.arrivals()")
+    # One script: events arrive between two calls.
+    ats, evs = driver.execute_script("return [window.realtimeDemo.arrivals(), window.realtimeDemo.events()]")
     return list(zip(ats, evs, strict=True))
 
 
