@@ -24,6 +24,9 @@ from livekit_omni.settings import Settings
 
 #: Paths (prefixes) that answer without a key: the health probe and the static frontend.
 PUBLIC_PATHS: Final = ("/health", "/static/", "/favicon.ico")
+#: Paths (suffixes) that take an ephemeral key (``ek_...``) instead of an API key and check it themselves.
+EPHEMERAL_KEY_PATHS: Final = ("/realtime/calls",)
+EPHEMERAL_KEY_PREFIX: Final = "ek_"
 
 
 def bearer_token(headers: Mapping[str, str]) -> str:
@@ -56,7 +59,12 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         request = Request(scope)
-        if not key_is_valid(self.settings, bearer_token(request.headers)):
+        token = bearer_token(request.headers)
+        if path.endswith(EPHEMERAL_KEY_PATHS) and token.startswith(EPHEMERAL_KEY_PREFIX):
+            # A browser's ephemeral key (livekit_omni.realtime.client_secrets): the route itself spends it.
+            await self.app(scope, receive, send)
+            return
+        if not key_is_valid(self.settings, token):
             app = scope.get("app")
             metrics: Metrics | None = getattr(app.state, "metrics", None) if app is not None else None
             if metrics is not None:

@@ -8,6 +8,9 @@ session, and ``session.started`` is the first event once the channel opens (the 
 
 Errors are JSON ``{error: {type, code, message}}``: 400 for a bad request, 401 for a bad key (the app's auth
 middleware), 503 when the engine is full or unavailable.
+
+The data-channel transport, the bounded body reader, the ICE-server list and the connect deadline are shared with
+the Realtime dialect's calls (:mod:`livekit_omni.realtime.webrtc`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
@@ -56,7 +60,8 @@ class DataChannelTransport:
 
     def __init__(self) -> None:
         self.peer: WebRTCPeer | None = None
-        self.session: LiveSession | None = None
+        #: Called once when the client stops reading its channel (the session should end).
+        self.on_stalled: Callable[[], None] | None = None
         self.closed = False
         self.refused = 0
 
@@ -68,10 +73,10 @@ class DataChannelTransport:
             return
         self.refused += 1
         channel = peer.channel
-        if channel is not None and channel.readyState == "open" and self.session is not None:
+        if channel is not None and channel.readyState == "open" and self.on_stalled is not None:
             # An open channel that cannot take more: the client stopped reading. End the session.
             self.closed = True
-            self.session.spawn(self.session.end(None, code=CLOSE_TRY_AGAIN, notify=False))
+            self.on_stalled()
 
     async def close(self, code: int, reason: str = "") -> None:
         self.closed = True
@@ -89,20 +94,21 @@ class DataChannelTransport:
         await peer.close()
 
 
-async def _connect_deadline(live: LiveSession, peer: WebRTCPeer) -> None:
+async def connect_deadline(
+    peer: WebRTCPeer, timeout: float, session_id: str, end: Callable[[], Awaitable[None]]
+) -> None:
     """A client that never completes ICE/DTLS must not hold an engine slot until the session's lifetime ends."""
-    timeout = live.settings.limits.webrtc_connect_timeout_s
     await asyncio.sleep(timeout)
     if peer.connection_state != "connected":
-        log.info("webrtc session %s: not connected after %g s; closing it", live.id, timeout)
-        await live.end(None, code=CLOSE_TRY_AGAIN, notify=False)
+        log.info("webrtc session %s: not connected after %g s; closing it", session_id, timeout)
+        await end()
 
 
 def _error(status: int, code: str, message: str, *, type: str = wire.INVALID_REQUEST) -> JSONResponse:
     return JSONResponse({"error": {"type": type, "code": code, "message": message}}, status_code=status)
 
 
-async def _read_body(request: Request, limit: int) -> bytes | None:
+async def read_body(request: Request, limit: int) -> bytes | None:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         return None
@@ -114,7 +120,7 @@ async def _read_body(request: Request, limit: int) -> bytes | None:
     return bytes(body)
 
 
-def _ice_servers(servers: list[dict[str, Any]]) -> list[RTCIceServer]:
+def ice_servers(servers: list[dict[str, Any]]) -> list[RTCIceServer]:
     out = []
     for s in servers:
         out.append(
@@ -131,7 +137,7 @@ async def create_webrtc_session(request: Request) -> Response:
         hub.metrics.rejected_sessions.labels(reason=DRAINING_CODE).inc()
         return _error(503, DRAINING_CODE, DRAINING_MESSAGE, type=wire.SERVER_ERROR)
     max_sdp = settings.limits.max_sdp_bytes
-    body = await _read_body(request, max_sdp + BODY_SLACK_BYTES)
+    body = await read_body(request, max_sdp + BODY_SLACK_BYTES)
     if body is None:
         return _error(
             400, "request_too_large", f"the request body is limited to {max_sdp + BODY_SLACK_BYTES} bytes"
@@ -162,7 +168,11 @@ async def create_webrtc_session(request: Request) -> Response:
 
     transport = DataChannelTransport()
     live = LiveSession(hub, transport, accepts_start=False)
-    transport.session = live
+
+    def on_stalled() -> None:
+        live.spawn(live.end(None, code=CLOSE_TRY_AGAIN, notify=False))
+
+    transport.on_stalled = on_stalled
     if cfg.client is not None:
         dc = cfg.client.data_channel
         if isinstance(dc.allowed_client_events, list):
@@ -194,7 +204,7 @@ async def create_webrtc_session(request: Request) -> Response:
         peer = await answer_offer(
             req.transport.sdp,
             live.bridge,
-            ice_servers=_ice_servers(settings.webrtc.ice_servers),
+            ice_servers=ice_servers(settings.webrtc.ice_servers),
             loopback_only=True if settings.webrtc.loopback_only else None,
             on_datachannel_message=live.handle_text,
             on_connection_state=on_state,
@@ -217,6 +227,13 @@ async def create_webrtc_session(request: Request) -> Response:
             peer.track.player = overlay  # type: ignore[assignment]
     # Queued by the peer until the client's data channel opens, then sent first.
     live.announce()
-    live.spawn(_connect_deadline(live, peer))
+    live.spawn(
+        connect_deadline(
+            peer,
+            settings.limits.webrtc_connect_timeout_s,
+            live.id,
+            lambda: live.end(None, code=CLOSE_TRY_AGAIN, notify=False),
+        )
+    )
     log.info("webrtc session %s: codec %s", live.id, peer.codec)
     return JSONResponse({"session": {"id": live.id}, "transport": {"type": "webrtc", "sdp": peer.answer_sdp}})

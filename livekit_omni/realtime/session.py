@@ -131,7 +131,8 @@ class ResponseRecord:
 
 
 class RealtimeSession:
-    """One Realtime session over one transport (WebSocket). See the module docstring."""
+    """One Realtime session over one transport (a WebSocket, or a WebRTC call's data channel). See the module
+    docstring."""
 
     def __init__(self, hub: LiveHub, transport: Transport, *, model: str | None = None) -> None:
         self.hub = hub
@@ -203,6 +204,12 @@ class RealtimeSession:
 
     def _echo(self) -> wire.SessionConfig:
         return self.config.echo(session_id=self.id, expires_at=self.expires_at)
+
+    @property
+    def on_track(self) -> bool:
+        """Audio travels on a media track (a WebRTC call), not in events: no ``append``, no ``output_audio.delta``;
+        the track's clock pulls the output frames and ``output_audio_buffer.*`` tell where its audio stands."""
+        return not self.transport.carries_audio
 
     @property
     def manual(self) -> bool:
@@ -304,7 +311,8 @@ class RealtimeSession:
     async def _on_update(self, ev: wire.SessionUpdate) -> None:
         new = self.config.apply(ev.session)
         old = self.config
-        if self.player is not None and new.output_format != old.output_format:
+        # Over WebRTC the codec was negotiated in the SDP: the formats are echoed and change nothing.
+        if not self.on_track and self.player is not None and new.output_format != old.output_format:
             raise wire.WireError(
                 "invalid_value",
                 "the output format cannot change once audio has been sent",
@@ -345,18 +353,28 @@ class RealtimeSession:
             self.metrics.active_sessions.labels(transport="realtime").inc()
             self.bridge.start()
             self.spawn(self._housekeeping())
-            self.hub.start_ticking(self)
+            if not self.on_track:
+                self.hub.start_ticking(
+                    self
+                )  # over WebRTC the media track's pacer pulls the frames (on_frame)
             return engine
 
-    def _open_output(self) -> EgressPlayer:
+    def _open_output(self) -> None:
+        """The egress player at the session's output format (WebSocket). Over WebRTC the peer opens it at the
+        negotiated codec's rate when it answers the offer, which may be after the engine's first event."""
         assert self.bridge is not None
-        if self.player is None:
+        if self.player is None and not self.on_track:
             fmt = self.config.output_format
             self.player = self.bridge.open_output(rate=fmt.rate, encoding=fmt.encoding)
-        return self.player
 
     # --- input audio --------------------------------------------------------------------------------------
     async def _on_append(self, ev: wire.InputAudioAppend) -> None:
+        if self.on_track:
+            raise wire.WireError(
+                "invalid_value",
+                "over WebRTC the caller's audio travels on the media track, not in input_audio_buffer.append",
+                param="type",
+            )
         fmt = self.config.input_format
         raw = live_wire.decode_audio(ev.audio, fmt)
         ms = len(raw) / fmt.bytes_per_sample / fmt.rate * 1000
@@ -677,6 +695,12 @@ class RealtimeSession:
             if not r.out_of_band:
                 self.emit(wire.ItemDone(item=rec.item))
         self.emit(wire.ResponseDone(response=self._response_wire(r, status, reason)))
+        if self.on_track and r.audio and r.first_frame_ms is not None:
+            # The track plays no more of it: all of it played, or the rest was dropped (a barge-in, a cancel).
+            if status == "completed":
+                self.emit(wire.OutputAudioBufferStopped(response_id=r.id))
+            else:
+                self.emit(wire.OutputAudioBufferCleared(response_id=r.id))
 
     def _response_of(self, epoch: int, turn_id: int) -> ResponseRecord | None:
         r = self.active
@@ -689,20 +713,27 @@ class RealtimeSession:
         player = self.player
         if player is None or self.state != "active":
             return
+        self.on_frame(player.next_frame())
+
+    def on_frame(self, frame: OutputFrame) -> None:
+        """One 20 ms output frame left the player: from the hub's clock (WebSocket) or the media track (WebRTC)."""
+        if self.state != "active":
+            return
         if self._idle_deadline is not None and time.monotonic() >= self._idle_deadline:
             self._idle_deadline = None
             self.spawn(self._idle_timeout())
-        frame = player.next_frame()
         r = self.active
         if r is None or r.reply is None:
             return
         ours = frame.speaking and (frame.epoch, frame.turn_id) == r.reply
         if ours and r.first_frame_ms is None:
             r.first_frame_ms = frame.start_ms
+            if self.on_track and r.audio:
+                self.emit(wire.OutputAudioBufferStarted(response_id=r.id))
         if r.first_frame_ms is not None and (ours or not r.generated):
             # From its first frame on, every frame goes out, the pauses between clauses included: the client's
             # audio of the item is then the server's timeline, so a playback position is a position in it.
-            if r.audio:
+            if r.audio and not self.on_track:
                 r.audio_buf += frame.payload.data
                 r.audio_frames += 1
             if r.item is not None:

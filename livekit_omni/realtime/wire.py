@@ -362,6 +362,24 @@ class ItemDeleted(_Event, tag="conversation.item.deleted"):
     item_id: str
 
 
+class OutputAudioBufferStarted(_Event, tag="output_audio_buffer.started"):
+    """WebRTC only: the response's audio began on the media track."""
+
+    response_id: str
+
+
+class OutputAudioBufferStopped(_Event, tag="output_audio_buffer.stopped"):
+    """WebRTC only: the response's audio has all played (after its ``response.done``)."""
+
+    response_id: str
+
+
+class OutputAudioBufferCleared(_Event, tag="output_audio_buffer.cleared"):
+    """WebRTC only: the response's audio was cut (a barge-in or the client's ``output_audio_buffer.clear``)."""
+
+    response_id: str
+
+
 class DurationUsage(msgspec.Struct, kw_only=True):
     type: Literal["duration"] = "duration"
     seconds: float
@@ -536,6 +554,9 @@ ServerEvent = (
     | OutputAudioTranscriptDone
     | OutputTextDelta
     | OutputTextDone
+    | OutputAudioBufferStarted
+    | OutputAudioBufferStopped
+    | OutputAudioBufferCleared
     | Error
 )
 

@@ -31,24 +31,33 @@ class _SourceTrack(MediaStreamTrack):
 
     def __init__(self, audio: np.ndarray, *, loop: bool, codec: Callable[[], str]) -> None:
         super().__init__()
-        n = -(-audio.shape[0] // OPUS_FRAME_SAMPLES) * OPUS_FRAME_SAMPLES
-        self._audio = np.zeros(n, dtype=np.int16)
-        self._audio[: audio.shape[0]] = audio
-        self._frames = n // OPUS_FRAME_SAMPLES
         self._looping = loop  # (MediaStreamTrack's event emitter owns ``_loop``)
         self._codec = codec
-        self._packets: list[bytes] | None = None
         self._silence_packet = b""
+        self._set_clip(audio, start=0)
         self._pacer = Pacer()
         self._time_base = fractions.Fraction(1, OPUS_RATE)
         self.sent = 0
         #: Monotonic time at which each frame index was handed to aiortc (bounded).
         self.sent_at: collections.deque[tuple[int, float]] = collections.deque(maxlen=4096)
 
+    def _set_clip(self, audio: np.ndarray, *, start: int) -> None:
+        n = -(-audio.shape[0] // OPUS_FRAME_SAMPLES) * OPUS_FRAME_SAMPLES
+        self._audio = np.zeros(n, dtype=np.int16)
+        self._audio[: audio.shape[0]] = audio
+        self._frames = n // OPUS_FRAME_SAMPLES
+        self._start = start  # the frame count at which the clip's first frame goes out
+        self._packets: list[bytes] | None = None
+
+    def play(self, audio: np.ndarray) -> None:
+        """Send ``audio`` from the next frame on, instead of the rest of the current clip (timestamps go on)."""
+        self._set_clip(audio, start=self.sent)
+
     def _frame_index(self) -> int | None:
-        if self.sent < self._frames:
-            return self.sent
-        return self.sent % self._frames if self._looping else None
+        k = self.sent - self._start
+        if k < self._frames:
+            return k
+        return k % self._frames if self._looping else None
 
     async def recv(self) -> AudioFrame | Packet:
         if self.readyState != "live":
@@ -148,6 +157,10 @@ class WebRTCCaller:
 
     async def accept(self, answer_sdp: str) -> None:
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer_sdp, type="answer"))
+
+    def play(self, audio: np.ndarray) -> None:
+        """Speak ``audio`` (48 kHz mono int16) from the next 20 ms frame on, then silence (or loop, as created)."""
+        self.source.play(audio)
 
     def send(self, text: str) -> None:
         if self.channel is None:

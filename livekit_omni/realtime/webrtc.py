@@ -1,0 +1,203 @@
+"""The Realtime dialect over WebRTC: ``POST /v1/realtime/calls`` (and ``/realtime/calls``).
+
+The body is the client's SDP offer, either raw (``Content-Type: application/sdp``: browsers, agents-js) or
+``multipart/form-data`` with an ``sdp`` part and a ``session`` part holding the session's JSON configuration (the
+openai SDK's ``client.realtime.calls.create``, usually relayed by an app's backend). The answer is
+``201 Created``, ``Content-Type: application/sdp``, the SDP answer as the body and ``Location:
+/v1/realtime/calls/<call_id>``.
+
+The call is one :class:`~livekit_omni.realtime.session.RealtimeSession`, the same as a Realtime WebSocket's, with
+a different transport: its events are the same JSON events on the client's ``oai-events`` data channel (one event
+per message), and both directions of audio ride the media track (Opus, or G.711 when that is all the offer has)
+through the Live dialect's WebRTC media plane (:func:`media.webrtc.answer_offer`). So there is no
+``input_audio_buffer.append`` and no ``response.output_audio.delta``; instead ``output_audio_buffer.started``
+marks a response's first audio on the track, and ``output_audio_buffer.stopped`` (all of it played) or
+``output_audio_buffer.cleared`` (cut by a barge-in or ``output_audio_buffer.clear``) follows its ``response.done``.
+The engine session opens with the POST, so turn detection is the one the call starts with.
+
+Auth: ``Authorization: Bearer`` with an API key, or with an ephemeral key from ``/v1/realtime/client_secrets``
+(spent by this call; its session is the call's starting configuration). Errors are OpenAI's JSON error body:
+400 for a bad request, 401 for a bad key, 429 when the engine has no free session slot, 503 when it is unavailable
+or the server is draining.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+import msgspec
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Message
+
+from livekit_omni.auth import EPHEMERAL_KEY_PREFIX as EPHEMERAL_PREFIX
+from livekit_omni.auth import bearer_token, key_is_valid
+from livekit_omni.drain import DRAINING_CODE, DRAINING_MESSAGE, Drain
+from livekit_omni.live.session import CLOSE_TRY_AGAIN, hub_of
+from livekit_omni.live.webrtc import (
+    BODY_SLACK_BYTES,
+    DataChannelTransport,
+    connect_deadline,
+    ice_servers,
+    read_body,
+)
+from livekit_omni.realtime import wire
+from livekit_omni.realtime.client_secrets import error_response, keys_of
+from livekit_omni.realtime.session import RealtimeSession
+from media.webrtc import SdpError, answer_offer
+
+log = logging.getLogger(__name__)
+
+CALLS_PATH: Final = "/v1/realtime/calls"
+_session_decoder: Final = msgspec.json.Decoder(wire.SessionConfig)
+
+#: HTTP status of each refusal the engine can give when the call's session opens.
+_OPEN_STATUS: Final = {"session_limit_reached": 429, "engine_unavailable": 503}
+
+
+class _BadRequest(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+async def _parse_offer(request: Request, body: bytes) -> tuple[str, wire.SessionConfig | None]:
+    """The SDP offer and the optional session configuration of a raw or multipart body."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == "multipart/form-data":
+
+        async def replay() -> Message:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        form = await Request(request.scope, replay).form(max_files=2, max_fields=8)
+        try:
+            sdp_part, session_part = form.get("sdp"), form.get("session")
+            sdp = (await sdp_part.read()).decode() if isinstance(sdp_part, UploadFile) else sdp_part
+            raw_session = (
+                (await session_part.read()).decode() if isinstance(session_part, UploadFile) else session_part
+            )
+        finally:
+            await form.close()
+        if not sdp:
+            raise _BadRequest("invalid_value", "the multipart body needs an 'sdp' part with the SDP offer")
+        session = None
+        if raw_session:
+            try:
+                session = _session_decoder.decode(raw_session)
+            except (msgspec.DecodeError, RecursionError) as e:
+                raise _BadRequest("invalid_value", f"the 'session' part is not a valid session: {e}") from e
+        return sdp, session
+    if ctype in ("application/sdp", "text/plain", ""):
+        try:
+            return body.decode(), None
+        except UnicodeDecodeError as e:
+            raise _BadRequest("invalid_value", "the SDP offer is not UTF-8 text") from e
+    raise _BadRequest(
+        "invalid_value", f"the body must be application/sdp or multipart/form-data, not {ctype or 'empty'}"
+    )
+
+
+async def create_call(request: Request) -> Response:
+    hub = hub_of(request.app)
+    settings = hub.settings
+    drain: Drain = request.app.state.drain
+    if not drain.admitting:
+        hub.metrics.rejected_sessions.labels(reason=DRAINING_CODE).inc()
+        return error_response(503, DRAINING_CODE, DRAINING_MESSAGE, type=wire.SERVER_ERROR)
+
+    # Auth: the app's middleware lets ephemeral keys through to here (only this route can spend one).
+    token = bearer_token(request.headers)
+    ephemeral = keys_of(request.app).redeem(token) if token.startswith(EPHEMERAL_PREFIX) else None
+    if ephemeral is None and not key_is_valid(settings, token):
+        hub.metrics.rejected_sessions.labels(reason="invalid_api_key").inc()
+        return error_response(401, "invalid_api_key", "missing, invalid, expired or spent API key")
+
+    max_sdp = settings.limits.max_sdp_bytes
+    body = await read_body(request, max_sdp + BODY_SLACK_BYTES)
+    if body is None:
+        return error_response(
+            400, "request_too_large", f"the body is limited to {max_sdp + BODY_SLACK_BYTES} bytes"
+        )
+    try:
+        sdp, session_cfg = await _parse_offer(request, body)
+    except _BadRequest as e:
+        return error_response(400, e.code, e.message)
+    if len(sdp.encode()) > max_sdp:
+        return error_response(400, "sdp_too_large", f"the SDP offer is limited to {max_sdp} bytes")
+
+    transport = DataChannelTransport()
+    session = RealtimeSession(hub, transport)
+    try:
+        for update in (ephemeral.session if ephemeral is not None else None, session_cfg):
+            if update is not None:
+                session.config = session.config.apply(update)
+    except wire.WireError as e:
+        return error_response(400, e.code, e.message)
+
+    def on_stalled() -> None:
+        session.spawn(session.end(code=CLOSE_TRY_AGAIN, reason="client_not_reading"))
+
+    transport.on_stalled = on_stalled
+    if not drain.admitting:  # the drain began while the body was read
+        hub.metrics.rejected_sessions.labels(reason=DRAINING_CODE).inc()
+        return error_response(503, DRAINING_CODE, DRAINING_MESSAGE, type=wire.SERVER_ERROR)
+    try:
+        await session.ensure_engine()
+    except wire.WireError as e:
+        await session.transport_closed()
+        return error_response(_OPEN_STATUS.get(e.code, 500), e.code, e.message, type=e.type)
+    assert session.bridge is not None
+
+    async def on_state(state: str) -> None:
+        if state in ("failed", "closed"):
+            await session.transport_closed()
+
+    def on_input_frame(frame: Any) -> None:
+        hub.metrics.audio_in_seconds.inc(frame.samples / frame.sample_rate)
+
+    def on_datachannel_error(code: str, message: str) -> None:
+        session.emit(wire.error_event(code, message))
+
+    try:
+        peer = await answer_offer(
+            sdp,
+            session.bridge,
+            ice_servers=ice_servers(settings.webrtc.ice_servers),
+            loopback_only=True if settings.webrtc.loopback_only else None,
+            on_datachannel_message=session.handle_text,
+            on_connection_state=on_state,
+            on_output_frame=session.on_frame,
+            on_input_frame=on_input_frame,
+            on_datachannel_error=on_datachannel_error,
+        )
+    except SdpError as e:
+        await session.transport_closed()
+        return error_response(400, "invalid_sdp", str(e))
+    except Exception as e:
+        log.exception("realtime call: answering the offer failed")
+        await session.transport_closed()
+        return error_response(
+            500, "internal_error", f"could not answer the offer: {e}", type=wire.SERVER_ERROR
+        )
+    transport.peer = peer
+    session.player = peer.player
+    # Queued by the peer until the client's data channel opens, then sent first.
+    session.start()
+    session.spawn(
+        connect_deadline(
+            peer,
+            settings.limits.webrtc_connect_timeout_s,
+            session.id,
+            lambda: session.end(code=CLOSE_TRY_AGAIN, reason="not_connected"),
+        )
+    )
+    log.info("realtime call %s: codec %s", session.id, peer.codec)
+    return Response(
+        peer.answer_sdp,
+        status_code=201,
+        media_type="application/sdp",
+        headers={"Location": f"{CALLS_PATH}/{session.id}"},
+    )
