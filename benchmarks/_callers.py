@@ -160,3 +160,23 @@ class Microphone:
             await self._task
         except (asyncio.CancelledError, Exception):  # a closed socket ends the stream too
             pass
+
+
+async def hear_answer(
+    heard: HeardAudio, speech_end: float, from_window: int, *, timeout: float, quiet_s: float = 1.2
+) -> float | None:
+    """The time the first audible window of an answer is heard: the first one at or after ``from_window`` heard
+    at or after ``speech_end`` (the caller's last audible sample), or None within ``timeout``. Returns once the
+    answer has played out (``quiet_s`` of received output quiet after its last audible window), so the next
+    question is not a barge-in."""
+    first: tuple[int, float] | None = None
+    deadline = speech_end + timeout
+    quiet_windows = round(quiet_s * 100)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        heard.scan()
+        if first is None:
+            first = heard.first_loud_after(speech_end, from_window)
+        if first is not None and heard.windows_received() - 1 - heard.loud[-1][0] >= quiet_windows:
+            break
+    return first[1] if first is not None else None

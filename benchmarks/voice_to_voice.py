@@ -45,7 +45,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from _callers import HeardAudio, LiveOutput, Microphone
+from _callers import HeardAudio, LiveOutput, Microphone, hear_answer
 from _common import finish, pct
 
 from engine_bridge import protocol as p
@@ -160,18 +160,9 @@ async def spoken_turn(leg: CallerLeg, i: int, q: str) -> dict[str, Any]:
     leg.heard.scan()
     start_window = leg.heard.windows_received()  # what arrives from now on belongs to this turn
     speech_end = await leg.say(q)
-    first: tuple[int, float] | None = None
-    deadline = speech_end + TURN_TIMEOUT_S
-    quiet_windows = int(QUIET_AFTER_REPLY_S * 100)
-    while time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-        leg.heard.scan()
-        if first is None:
-            first = leg.heard.first_loud_after(speech_end, start_window)
-        if first is not None:
-            last_loud = leg.heard.loud[-1][0]
-            if leg.heard.windows_received() - 1 - last_loud >= quiet_windows:
-                break
+    first = await hear_answer(
+        leg.heard, speech_end, start_window, timeout=TURN_TIMEOUT_S, quiet_s=QUIET_AFTER_REPLY_S
+    )
     texts = leg.transcripts()[seen:]
     row = {
         "path": leg.path,
@@ -180,7 +171,7 @@ async def spoken_turn(leg: CallerLeg, i: int, q: str) -> dict[str, Any]:
         "question": q,
         "heard": " ".join(t for k, t in texts if k == "input").strip(),
         "reply": "".join(t for k, t in texts if k == "output").strip(),
-        "v2v_ms": (first[1] - speech_end) * 1000 if first is not None else NAN,
+        "v2v_ms": (first - speech_end) * 1000 if first is not None else NAN,
     }
     _progress(row)
     return row
