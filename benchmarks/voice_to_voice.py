@@ -22,6 +22,10 @@ answer has played out (1.2 s of quiet output). The server's turn records are not
 rows carry no stage breakdown: the engine path of the same run gives it (same settings, same models).
 ``turn10_over_turn1`` is the last turn over the first of one conversation: does a longer conversation get slower?
 
+For ws and webrtc the server's own ``livekit_omni_turn_latency_seconds`` (its /metrics: the engine's end-of-turn
+decision → the reply's first frame sent) is reported too, as a mean per path: what the transport adds on top of it
+is the difference to the caller's figure minus the endpoint.
+
 The machine's other load shows in every figure: compare paths of one run, not runs of different minutes.
 
     python benchmarks/voice_to_voice.py [--path engine|ws|webrtc|all] [--turns 10] [--quick] [--no-baseline]
@@ -41,6 +45,7 @@ import json
 import statistics
 import sys
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -250,7 +255,7 @@ async def webrtc_leg(server: ServerProcess) -> CallerLeg:
 
 
 async def run_server_paths(
-    paths: list[str], turns: int, backend: str, startup: dict[str, float]
+    paths: list[str], turns: int, backend: str, startup: dict[str, float], server_side: dict[str, float]
 ) -> list[dict]:
     t0 = time.monotonic()
     server = await asyncio.to_thread(
@@ -269,6 +274,7 @@ async def run_server_paths(
     try:
         for path in paths:
             leg = await (ws_leg(server) if path == "ws" else webrtc_leg(server))
+            before = await asyncio.to_thread(server_turn_latency, server)
             try:
                 await asyncio.sleep(1.0)  # settle: the caller's microphone is open, silent
                 for i in range(turns):
@@ -277,9 +283,25 @@ async def run_server_paths(
             finally:
                 for close in leg.closers:
                     await close()
+            after = await asyncio.to_thread(server_turn_latency, server)
+            n = after[1] - before[1]
+            server_side[path] = (after[0] - before[0]) / n * 1000 if n else NAN
     finally:
         await asyncio.to_thread(server.stop)
     return rows
+
+
+def server_turn_latency(server: ServerProcess) -> tuple[float, float]:
+    """(sum, count) of the server's ``livekit_omni_turn_latency_seconds``: the engine's end-of-turn decision
+    (SpeechStopped, i.e. after the VAD endpoint) → the reply's first audio frame sent by the server."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("livekit_omni_turn_latency_seconds_sum", "livekit_omni_turn_latency_seconds_count"):
+            values[name.rsplit("_", 1)[1]] = float(value)
+    return values.get("sum", NAN), values.get("count", NAN)
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -345,14 +367,18 @@ def print_report(groups: dict[str, list[dict[str, Any]]], sums: dict[str, dict[s
         ("tts_first_chunk_ms", "stage: TTS first chunk"),
         ("first_frame_ms", "speech end -> first reply frame"),
         ("lead_silence_ms", "first reply frame -> audible"),
+        ("server_endpoint_to_audio_ms", "server: endpoint -> audio (mean)"),
     ):
         cells = []
         for n in names:
-            v = sums[n][key]
+            v = sums[n].get(key, NAN)
             fmt = f"{v:18.2f}" if key == "turn10_over_turn1" else f"{v:18.0f}"
             cells.append(fmt if _ok(v) else f"{'-':>18}")
         print(f"{label:34}" + "  ".join(cells))
-    print("(stages come from the engine's turn records: engine path only; ws/webrtc run the same settings)")
+    print(
+        "(stages: the engine's turn records, engine path only; ws/webrtc run the same settings. server: the "
+        "server's livekit_omni_turn_latency_seconds, the engine's end-of-turn decision -> first reply frame sent)"
+    )
 
 
 async def main() -> None:
@@ -368,6 +394,7 @@ async def main() -> None:
     t0 = time.monotonic()
     thinker = {"thinker": {"backend": args.backend}}
     startup: dict[str, float] = {}
+    server_side: dict[str, float] = {}  # path -> mean of the server's own turn latency
     groups: dict[str, list[dict[str, Any]]] = {}
     if "engine" in paths:
         groups["engine"] = await run_engine("overlapped", thinker, turns, startup)
@@ -380,10 +407,12 @@ async def main() -> None:
             )
     server_paths = [x for x in paths if x != "engine"]
     if server_paths:
-        rows = await run_server_paths(server_paths, turns, args.backend, startup)
+        rows = await run_server_paths(server_paths, turns, args.backend, startup, server_side)
         for x in server_paths:
             groups[x] = [r for r in rows if r["path"] == x]
     sums = {n: summarize(g) for n, g in groups.items()}
+    for n, v in server_side.items():
+        sums[n]["server_endpoint_to_audio_ms"] = v
     print_report(groups, sums)
     print(
         f"(backend {args.backend}; {turns} turns per path; start-up: "
@@ -409,6 +438,7 @@ async def main() -> None:
         "thinker_first_clause_ms": eng.get("thinker_first_clause_ms", NAN),
         "tts_first_chunk_ms": eng.get("tts_first_chunk_ms", NAN),
         "lead_silence_ms": eng.get("lead_silence_ms", NAN),
+        "server_endpoint_to_audio_mean_ms": server_side,
         "turns": turns,
         "paths": paths,
         "backend": args.backend,
