@@ -11,9 +11,9 @@ PCM appends at 24 kHz, silence in between, like a microphone) and listens to the
   "What is my name?". Name recall = the second reply's transcript contains the name.
 
 Latency of a turn = from the end of the caller's last audible sample (the wall time the 20 ms append holding the
-last 10 ms window above -45 dBFS was sent) to the arrival of the output delta holding the first 10 ms window above
--45 dBFS after it. Both are measured on the client, so the figure includes the network hops and the server's
-output pacing. The p50 is over every turn that got a reply (questions and both exchange turns).
+last 10 ms window above -45 dBFS was sent) to when the first 10 ms window above -45 dBFS after it is heard (the
+arrival of its output delta plus its offset in the delta; benchmarks/_callers.py, shared with voice_to_voice.py).
+Both are measured on the client, so the figure includes the network hops and the server's output pacing. The p50 is over every turn that got a reply (questions and both exchange turns).
 
 A reply is over when 1.2 s of output has been quiet after its last loud window and no transcript has arrived for
 1 s, or ``--turn-timeout`` seconds after the question ended.
@@ -36,28 +36,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-import numpy as np
-import numpy.typing as npt
+from _callers import LiveOutput, Microphone
 from _common import finish, pct
 
 from livekit_omni.live import wire
 from livekit_omni.testing.live_client import LiveClient
 from tests.conftest import ServerProcess, start_server
-from tests.speech_fixtures import speech_bounds_ms, synthesize_speech
 
 RATE = 24_000
-CHUNK = RATE // 50  # 20 ms per append
 WINDOW = RATE // 100  # 10 ms loudness windows
-FLOOR_DBFS = -45.0
-FLOOR_RMS = 32767.0 * 10 ** (FLOOR_DBFS / 20)
 QUIET_AFTER_REPLY_S = 1.2
 TRANSCRIPT_QUIET_S = 1.0
 
@@ -108,98 +102,6 @@ def mentions(text: str, keywords: tuple[str, ...]) -> bool:
     return any(re.search(rf"(?<![\w-]){re.escape(k.lower())}(?![\w-])", t) for k in keywords)
 
 
-# ------------------------------------------------------------------------------------------------ the caller
-@dataclass
-class _Utterance:
-    pcm: npt.NDArray[np.int16]
-    last_loud_chunk: int
-    sent_end: asyncio.Future[float]
-
-
-class Microphone:
-    """Streams 20 ms appends at real time for the whole session: queued utterances, silence otherwise."""
-
-    def __init__(self, client: LiveClient) -> None:
-        self.client = client
-        self._queue: asyncio.Queue[_Utterance] = asyncio.Queue()
-        self._silence = base64.b64encode(bytes(CHUNK * 2)).decode()
-        self._task = asyncio.create_task(self._run())
-
-    def say(self, text: str) -> asyncio.Future[float]:
-        """Queue ``text`` (Piper); the future resolves to the wall time its last audible sample was sent."""
-        pcm = synthesize_speech(text, rate=RATE, lead_silence_ms=200, tail_silence_ms=0)
-        _, end_ms = speech_bounds_ms(pcm, RATE, floor_db=FLOOR_DBFS)
-        last_loud_sample = end_ms * RATE // 1000 - 1
-        fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Utterance(pcm, last_loud_sample // CHUNK, fut))
-        return fut
-
-    async def _run(self) -> None:
-        t0 = time.monotonic()
-        sent = 0
-        current: _Utterance | None = None
-        pos = 0
-        while True:
-            if current is None and not self._queue.empty():
-                current, pos = self._queue.get_nowait(), 0
-            if current is None:
-                payload = self._silence
-            else:
-                chunk = current.pcm[pos * CHUNK : (pos + 1) * CHUNK]
-                chunk = np.pad(chunk, (0, CHUNK - len(chunk)))
-                payload = base64.b64encode(chunk.astype("<i2").tobytes()).decode()
-            await self.client.send({"type": "session.input_audio.append", "audio": payload})
-            if current is not None:
-                if pos == current.last_loud_chunk and not current.sent_end.done():
-                    current.sent_end.set_result(time.monotonic())
-                pos += 1
-                if pos * CHUNK >= len(current.pcm):
-                    current = None
-            sent += 1
-            await asyncio.sleep(max(0.0, t0 + sent * CHUNK / RATE - time.monotonic()))
-
-    async def stop(self) -> None:
-        self._task.cancel()
-        try:
-            await self._task
-        except (asyncio.CancelledError, Exception):  # a closed socket ends the stream too
-            pass
-
-
-# ------------------------------------------------------------------------------------------------ the listener
-@dataclass
-class OutputScan:
-    """Walks the received output audio in 10 ms windows and maps sample positions to delta arrival times."""
-
-    client: LiveClient
-    window: int = 0  # next 10 ms window to examine
-    delta_index: int = 0
-    delta_end_sample: int = 0  # end (exclusive) of delta ``delta_index - 1``
-    loud: list[tuple[int, float]] = field(default_factory=list)  # (window, arrival time of its delta)
-
-    def _arrival(self, sample: int) -> float:
-        deltas = self.client.deltas
-        while self.delta_end_sample <= sample:
-            self.delta_end_sample += deltas[self.delta_index][1] // 2
-            self.delta_index += 1
-        return deltas[self.delta_index - 1][0]
-
-    def scan(self) -> None:
-        pcm = np.frombuffer(bytes(self.client.audio), dtype="<i2")
-        n = len(pcm) // WINDOW
-        if n <= self.window:
-            return
-        frames = pcm[self.window * WINDOW : n * WINDOW].astype(np.float64).reshape(-1, WINDOW)
-        rms = np.sqrt((frames**2).mean(axis=1))
-        for i in np.nonzero(rms > FLOOR_RMS)[0]:
-            w = self.window + int(i)
-            self.loud.append((w, self._arrival(w * WINDOW)))
-        self.window = n
-
-    def windows_received(self) -> int:
-        return len(self.client.audio) // 2 // WINDOW
-
-
 @dataclass
 class Turn:
     question: str
@@ -212,7 +114,7 @@ class Turn:
 
 
 async def run_turn(
-    client: LiveClient, mic: Microphone, scan: OutputScan, text: str, kind: str, timeout: float
+    client: LiveClient, mic: Microphone, scan: LiveOutput, text: str, kind: str, timeout: float
 ) -> Turn:
     first_event = len(client.events)
     spoken_end = await mic.say(text)
@@ -279,8 +181,8 @@ async def conversation(
         started = await client.start(session)
         if not isinstance(started, wire.SessionStarted):
             raise RuntimeError(f"session.start refused: {started}")
-        mic = Microphone(client)
-        scan = OutputScan(client)
+        mic = Microphone(client, RATE)
+        scan = LiveOutput(client, RATE)
         await asyncio.sleep(0.3)  # a caller takes a moment before speaking
         for text, kind in texts:
             turns.append(await run_turn(client, mic, scan, text, kind, timeout))

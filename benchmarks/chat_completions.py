@@ -6,8 +6,8 @@ One real ``livekit-omni serve`` (cascade, the configured thinker backend, ``max_
    ``max_tokens`` and a prompt that keeps the model talking); tokens/s = completion tokens of all streams (their
    ``usage``) / wall time from the first request sent to the last stream's end.
 2. **Voice alone / with chat**: a spoken Live WebSocket conversation (Piper questions at real time, PCM 24 kHz);
-   per turn, voice-to-voice = end of the caller's speech (wall time the append holding its last sample was sent)
-   → first loud reply audio received by the client. Each question is asked twice in a row: alone, then while 4
+   per turn, voice-to-voice = the caller's last audible sample (wall time the 20 ms append holding it was sent)
+   → the first audible reply sample heard by the client (benchmarks/_callers.py, as in voice_to_voice.py). Each question is asked twice in a row: alone, then while 4
    text streams run back to back (started 1 s before the question, cut when the reply has played). Interleaving
    the modes keeps the comparison fair on a machine whose speed varies from minute to minute.
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import json
 import sys
@@ -33,20 +32,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._callers import LiveOutput, Microphone, hear_answer
 from benchmarks._common import finish, pct
 from livekit_omni.live import wire
 from livekit_omni.testing.live_client import LiveClient
 from tests.conftest import ServerProcess, start_server
-from tests.speech_fixtures import speech_bounds_ms, synthesize_speech
 
 API_KEY = "sk-bench"
 RATE = 24_000
-CHUNK = RATE // 10  # samples per 100 ms append
-LOUD_RMS = 500.0
 QUESTIONS = [
     "What is the capital of France?",
     "How many legs does a spider have?",
@@ -130,76 +125,20 @@ async def background_streams(
 # --- the spoken call ---------------------------------------------------------------------------------------------
 
 
-def _loud(pcm: bytes) -> bool:
-    x = np.frombuffer(pcm[: len(pcm) // 2 * 2], dtype="<i2").astype(np.float64)
-    return bool(x.size) and float(np.sqrt(np.mean(x**2))) > LOUD_RMS
-
-
 class Call:
-    """A Live WebSocket session that speaks questions at real time and times the replies."""
+    """A Live WebSocket session that speaks questions at real time and times the replies (benchmarks/_callers.py:
+    the caller's last audible sample → the first audible answer sample heard, as in voice_to_voice.py)."""
 
     def __init__(self, live: LiveClient) -> None:
-        self.live = live
-        self._seen = 0  # deltas already scanned
-        self._offset = 0  # bytes of output audio already scanned
-
-    def _first_loud_since(self) -> float | None:
-        """Arrival time of the first loud output delta not scanned yet (and mark everything scanned)."""
-        hit = None
-        deltas = self.live.deltas
-        while self._seen < len(deltas):
-            at, n = deltas[self._seen]
-            chunk = bytes(self.live.audio[self._offset : self._offset + n])
-            self._seen += 1
-            self._offset += n
-            if hit is None and _loud(chunk):
-                hit = at
-        return hit
-
-    async def send(self, pcm: np.ndarray) -> float:
-        """Stream ``pcm`` at real time; returns the wall time the last append was sent."""
-        t0 = time.monotonic()
-        last = t0
-        for i, pos in enumerate(range(0, len(pcm), CHUNK)):
-            data = pcm[pos : pos + CHUNK].astype("<i2").tobytes()
-            await self.live.send(wire.InputAudioAppend(audio=base64.b64encode(data).decode()))
-            last = time.monotonic()
-            await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.1 - time.monotonic()))
-        return last
-
-    async def silence_until(self, cond: Any, timeout: float) -> None:
-        """Keep the microphone open (silence at real time) until ``cond()`` or ``timeout``."""
-        quiet = np.zeros(CHUNK, np.int16)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not cond():
-            await self.send(quiet)
+        self.mic = Microphone(live, RATE)
+        self.heard = LiveOutput(live, RATE)
 
     async def turn(self, question: str) -> float:
-        speech = synthesize_speech(question, rate=RATE, lead_silence_ms=300, tail_silence_ms=0)
-        _, end_ms = speech_bounds_ms(speech, RATE)
-        speech = speech[: end_ms * RATE // 1000 + CHUNK - 1]  # up to the append that holds the last sample
-        self._first_loud_since()  # whatever played before this question does not count
-        speech_end = await self.send(speech)
-        hit: list[float] = []
-
-        def heard() -> bool:
-            t = self._first_loud_since()
-            if t is not None and t >= speech_end:
-                hit.append(t)
-            return bool(hit)
-
-        await self.silence_until(heard, 30)
-        # Let the reply play out (no loud audio for 1.2 s), so the next question is not a barge-in.
-        quiet_since = time.monotonic()
-
-        def over() -> bool:
-            nonlocal quiet_since
-            if self._first_loud_since() is not None:
-                quiet_since = time.monotonic()
-            return time.monotonic() - quiet_since > 1.2
-
-        await self.silence_until(over, 20)
-        return (hit[0] - speech_end) * 1000 if hit else float("nan")
+        self.heard.scan()
+        start_window = self.heard.windows_received()  # whatever played before this question does not count
+        speech_end = await self.mic.say(question, lead_silence_ms=300)
+        first = await hear_answer(self.heard, speech_end, start_window, timeout=30)
+        return (first - speech_end) * 1000 if first is not None else float("nan")
 
 
 async def wait_text_idle(server: ServerProcess, timeout: float = 30.0) -> None:
@@ -225,7 +164,7 @@ async def conversation(
         if not isinstance(ev, wire.SessionStarted):
             raise RuntimeError(f"session refused: {ev}")
         call = Call(live)
-        await call.silence_until(lambda: False, 1.0)  # settle
+        await asyncio.sleep(1.0)  # settle (the microphone streams silence)
         for i in range(turns):
             q = QUESTIONS[i % len(QUESTIONS)]
             for mode in ("alone", "with_chat"):
@@ -233,9 +172,7 @@ async def conversation(
                 stop = asyncio.Event()
                 if mode == "with_chat":
                     load = asyncio.create_task(background_streams(server, 4, max_tokens, stop))
-                    await call.silence_until(
-                        lambda: False, 1.0
-                    )  # the streams are decoding when the caller speaks
+                    await asyncio.sleep(1.0)  # the streams are decoding when the caller speaks
                 v2v = await call.turn(q)
                 if load is not None:
                     stop.set()
@@ -245,6 +182,7 @@ async def conversation(
                     await wait_text_idle(server)
                 rows.append({"mode": mode, "question": q, "v2v_ms": v2v})
                 print(f"[{mode}] turn {i + 1}: {v2v:7.0f} ms  {q!r}", file=sys.stderr, flush=True)
+        await call.mic.stop()
         with contextlib.suppress(Exception):
             await live.send({"type": "session.close"})
     finally:

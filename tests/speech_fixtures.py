@@ -25,9 +25,11 @@ if TYPE_CHECKING:
     from engine_bridge.speech.tts import PiperSynthesizer
 
 __all__ = [
+    "AUDIBLE_DBFS",
     "add_noise",
     "audio_cache_dir",
     "level_dbfs",
+    "loud_windows",
     "noise",
     "noise_burst",
     "read_wav",
@@ -177,16 +179,28 @@ def synthesize_speech(
     return clip if noise_db is None else add_noise(clip, noise_db, seed)
 
 
-def speech_bounds_ms(
-    pcm: npt.NDArray[np.int16], rate: int = 16_000, floor_db: float = -45.0
-) -> tuple[int, int]:
-    """First and last millisecond where the 10 ms RMS of a clean clip exceeds ``floor_db``: the ground
-    truth that VAD tests compare against."""
+#: The level above which a 10 ms window counts as audible, everywhere the project measures speech bounds or the
+#: first audible sample of an answer (the benchmarks' voice-to-voice stops there).
+AUDIBLE_DBFS = -45.0
+
+
+def loud_windows(
+    pcm: npt.NDArray[np.int16], rate: int = 16_000, floor_db: float = AUDIBLE_DBFS
+) -> npt.NDArray[np.intp]:
+    """Indices of the whole 10 ms windows of ``pcm`` whose RMS exceeds ``floor_db`` dBFS (RMS 32767 = 0 dB)."""
     win = rate // 100
     n = len(pcm) // win
     frames = pcm[: n * win].astype(np.float64).reshape(n, win)
     rms = np.sqrt(np.mean(frames**2, axis=1))
-    loud = np.nonzero(rms > 32767.0 * 10 ** (floor_db / 20))[0]
+    return np.nonzero(rms > 32767.0 * 10 ** (floor_db / 20))[0]
+
+
+def speech_bounds_ms(
+    pcm: npt.NDArray[np.int16], rate: int = 16_000, floor_db: float = AUDIBLE_DBFS
+) -> tuple[int, int]:
+    """First and last millisecond where the 10 ms RMS of a clean clip exceeds ``floor_db``: the ground
+    truth that VAD tests compare against, and the caller's last audible sample in the benchmarks."""
+    loud = loud_windows(pcm, rate, floor_db)
     if len(loud) == 0:
         raise ValueError("no speech above the floor")
     return int(loud[0] * 10), int((loud[-1] + 1) * 10)

@@ -20,12 +20,14 @@ from engine_bridge.speech.text import (
     text_words,
 )
 from engine_bridge.speech.tts import (
+    LEAD_KEEP_MS,
     EspeakSynthesizer,
     OutputResampler,
     PiperSynthesizer,
     Synthesizer,
     make_synthesizer,
     resample_chunks,
+    trim_leading_silence,
 )
 from tests.speech_fixtures import level_dbfs
 
@@ -175,6 +177,44 @@ def test_piper_at_engine_output_rate(piper: Synthesizer) -> None:
     expected = len(native) * ENGINE_OUTPUT_RATE / piper.sample_rate
     assert abs(len(out) - expected) / expected < 0.1
     assert level_dbfs(out) > -35.0
+
+
+def test_trim_leading_silence_keeps_a_faded_lead_before_the_onset() -> None:
+    rate = 22_050
+    win = rate // 100
+    t = np.arange(rate // 2) / rate
+    tone = (8000 * np.sin(2 * np.pi * 220 * t)).astype(np.int16)
+    hiss = np.full(5 * win, 3, dtype=np.int16)  # far below -60 dBFS: silence to the trim
+    pcm = np.concatenate([np.zeros(3 * win, np.int16), hiss, tone])
+    out = trim_leading_silence(pcm, rate)
+    keep = LEAD_KEEP_MS * rate // 1000
+    # It starts LEAD_KEEP_MS before the first loud 10 ms window (window 8 here) and ends where the input ends.
+    assert len(out) == len(pcm) - (8 * win - keep)
+    assert np.array_equal(out[keep:], pcm[8 * win :])
+    # The kept lead fades in from zero, so the cut cannot click.
+    assert out[0] == 0 and np.all(np.abs(out[:keep]) <= np.abs(pcm[8 * win - keep : 8 * win]))
+    # Nothing to anchor on (all quiet), a chunk that starts loud, or a too-short one: returned whole.
+    assert np.array_equal(trim_leading_silence(hiss, rate), hiss)
+    assert np.array_equal(trim_leading_silence(tone, rate), tone)
+    assert np.array_equal(trim_leading_silence(hiss[:10], rate), hiss[:10])
+
+
+@pytest.mark.slow
+def test_piper_opening_chunk_starts_at_the_voice_onset(piper: Synthesizer) -> None:
+    rate = piper.sample_rate
+    win = rate // 100
+    (plain,) = piper.synthesize("Hello there.")
+    (opening,) = piper.synthesize_opening("Hello there.")
+
+    def onset_ms(pcm: np.ndarray) -> int:
+        frames = pcm[: len(pcm) // win * win].astype(np.float64).reshape(-1, win)
+        return int(np.argmax(np.sqrt((frames**2).mean(axis=1)) > 32767.0 * 10 ** (-45 / 20))) * 10
+
+    # Piper puts tens of ms of silence before a sentence; the opening chunk keeps only the faded lead (and the
+    # ramp up from -60 to -45 dBFS). Lengths are not compared: VITS samples its durations anew on every call.
+    assert onset_ms(plain) >= 20
+    assert onset_ms(opening) <= LEAD_KEEP_MS + 20
+    assert len(opening) > rate // 2
 
 
 # --- round trip --------------------------------------------------------------------------------------------

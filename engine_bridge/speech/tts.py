@@ -14,7 +14,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -34,9 +34,39 @@ __all__ = [
     "Synthesizer",
     "make_synthesizer",
     "resample_chunks",
+    "trim_leading_silence",
 ]
 
 ResampleQuality = Literal["QQ", "LQ", "MQ", "HQ", "VHQ"]
+
+#: A reply's first chunk starts this long before its first window above :data:`LEAD_FLOOR_DBFS`, fading in over
+#: that lead: a soft onset (an "h", an "f") is kept, and a cut in the voice's near-silence cannot click.
+LEAD_KEEP_MS: Final = 10
+#: Below the -45 dBFS at which the benchmarks call a window audible, so the trim never reaches the speech.
+LEAD_FLOOR_DBFS: Final = -60.0
+
+
+def trim_leading_silence(
+    pcm: npt.NDArray[np.int16], rate: int, *, floor_db: float = LEAD_FLOOR_DBFS, keep_ms: int = LEAD_KEEP_MS
+) -> npt.NDArray[np.int16]:
+    """``pcm`` from ``keep_ms`` before its first 10 ms window above ``floor_db`` dBFS (RMS 32767 = 0 dB), the kept
+    lead faded in linearly. A chunk with no window above the floor comes back whole (nothing to anchor on)."""
+    win = rate // 100
+    n = len(pcm) // win
+    if not n:
+        return pcm
+    frames = pcm[: n * win].astype(np.float64).reshape(n, win)
+    loud = np.nonzero(np.sqrt(np.mean(frames**2, axis=1)) > 32767.0 * 10 ** (floor_db / 20))[0]
+    if not len(loud):
+        return pcm
+    keep = keep_ms * rate // 1000
+    start = max(0, int(loud[0]) * win - keep)
+    if start == 0:
+        return pcm
+    out = pcm[start:].copy()
+    ramp = np.linspace(0.0, 1.0, keep, endpoint=False)
+    out[:keep] = (out[:keep].astype(np.float64) * ramp).astype(np.int16)
+    return out
 
 
 class Synthesizer(ABC):
@@ -51,6 +81,17 @@ class Synthesizer(ABC):
     @abstractmethod
     def synthesize(self, text: str) -> Iterator[npt.NDArray[np.int16]]:
         """Yield int16 chunks as soon as each is produced. Empty or unspeakable text yields nothing."""
+
+    def synthesize_opening(self, text: str) -> Iterator[npt.NDArray[np.int16]]:
+        """:meth:`synthesize` for the first clause of a reply: the first chunk starts at the voice's onset
+        (:func:`trim_leading_silence`). The silence a voice puts before a sentence is only delay before the first
+        word; before later clauses it is the pause between sentences, so :meth:`synthesize` keeps it."""
+        first = True
+        for chunk in self.synthesize(text):
+            if first:
+                chunk, first = trim_leading_silence(chunk, self.sample_rate), False
+            if len(chunk):
+                yield chunk
 
     def synthesize_all(self, text: str) -> npt.NDArray[np.int16]:
         """The whole utterance as one array (for tests and tools, not the streaming path)."""

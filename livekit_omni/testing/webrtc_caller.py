@@ -11,6 +11,7 @@ import contextlib
 import fractions
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
@@ -23,9 +24,26 @@ from media.pacer import Pacer
 from media.webrtc import DEFAULT_JITTER_PREFETCH, ice_server_list, install_jitter_buffer, negotiated_mime
 
 
+@dataclass
+class _Utterance:
+    """A clip queued with :meth:`WebRTCCaller.say`: its 20 ms frames (PCM, and Opus packets once encoded), the
+    frame that holds the marked sample, and the future that gets the time that frame was handed to aiortc."""
+
+    pcm: np.ndarray
+    mark_frame: int
+    sent_mark: asyncio.Future[float]
+    packets: list[bytes] | None = None
+    pos: int = 0
+
+    @property
+    def frames(self) -> int:
+        return self.pcm.shape[0] // OPUS_FRAME_SAMPLES
+
+
 class _SourceTrack(MediaStreamTrack):
     """Sends a mono 48 kHz int16 clip (looped, or once then silence) in 20 ms frames on a pacer; as pre-encoded
-    Opus packets when the link is Opus (cheap for many callers in one process), else as PCM frames."""
+    Opus packets when the link is Opus (cheap for many callers in one process), else as PCM frames. After a clip
+    that is not looped, clips queued with :meth:`say` play one after another, silence in between."""
 
     kind = "audio"
 
@@ -40,6 +58,40 @@ class _SourceTrack(MediaStreamTrack):
         self.sent = 0
         #: Monotonic time at which each frame index was handed to aiortc (bounded).
         self.sent_at: collections.deque[tuple[int, float]] = collections.deque(maxlen=4096)
+        self._queued: collections.deque[_Utterance] = collections.deque()
+
+    def say(self, audio: np.ndarray, mark_sample: int) -> asyncio.Future[float]:
+        """Queue ``audio`` (48 kHz mono int16); the future gets the time the frame holding ``mark_sample`` was sent."""
+        if self._looping:
+            raise RuntimeError("a looping source plays its clip forever; queue clips on a loop=False caller")
+        if not 0 <= mark_sample < audio.shape[0]:
+            raise ValueError("mark_sample lies outside the clip")
+        n = -(-audio.shape[0] // OPUS_FRAME_SAMPLES) * OPUS_FRAME_SAMPLES
+        pcm = np.zeros(n, dtype=np.int16)
+        pcm[: audio.shape[0]] = audio
+        fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        utt = _Utterance(pcm, mark_sample // OPUS_FRAME_SAMPLES, fut)
+        if self._codec() == "audio/opus":
+            utt.packets = OpusEncoder().encode(pcm)  # now, not in recv(), so the pacing tick stays on time
+        self._queued.append(utt)
+        return fut
+
+    def _next_queued(self, now: float) -> np.ndarray | bytes | None:
+        """The next 20 ms of the queued clips (PCM or an Opus packet), or None when none is queued."""
+        if not self._queued:
+            return None
+        utt = self._queued[0]
+        i = utt.pos
+        utt.pos += 1
+        if i == utt.mark_frame and not utt.sent_mark.done():
+            utt.sent_mark.set_result(now)
+        if utt.pos >= utt.frames:
+            self._queued.popleft()
+        if self._codec() == "audio/opus":
+            if utt.packets is None:
+                utt.packets = OpusEncoder().encode(utt.pcm)
+            return utt.packets[i]
+        return utt.pcm[i * OPUS_FRAME_SAMPLES : (i + 1) * OPUS_FRAME_SAMPLES]
 
     def _set_clip(self, audio: np.ndarray, *, start: int) -> None:
         n = -(-audio.shape[0] // OPUS_FRAME_SAMPLES) * OPUS_FRAME_SAMPLES
@@ -63,25 +115,31 @@ class _SourceTrack(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         await self._pacer.tick()
+        now = time.monotonic()
         i = self._frame_index()
         pts = self.sent * OPUS_FRAME_SAMPLES
-        self.sent_at.append((self.sent, time.monotonic()))
+        self.sent_at.append((self.sent, now))
         self.sent += 1
+        queued = self._next_queued(now) if i is None else None
         if self._codec() == "audio/opus":
             if self._packets is None:
                 enc = OpusEncoder()
                 self._packets = enc.encode(self._audio)
                 self._silence_packet = enc.encode(np.zeros(OPUS_FRAME_SAMPLES, np.int16))[0]
-            data = self._packets[i] if i is not None else self._silence_packet
+            if isinstance(queued, bytes):
+                data = queued
+            else:
+                data = self._packets[i] if i is not None else self._silence_packet
             pkt = Packet(data)
             pkt.pts = pts
             pkt.time_base = self._time_base
             return pkt
-        pcm = (
-            self._audio[i * OPUS_FRAME_SAMPLES : (i + 1) * OPUS_FRAME_SAMPLES]
-            if i is not None
-            else np.zeros(OPUS_FRAME_SAMPLES, np.int16)
-        )
+        if isinstance(queued, np.ndarray):
+            pcm = queued
+        elif i is not None:
+            pcm = self._audio[i * OPUS_FRAME_SAMPLES : (i + 1) * OPUS_FRAME_SAMPLES]
+        else:
+            pcm = np.zeros(OPUS_FRAME_SAMPLES, np.int16)
         frame = AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = OPUS_RATE
         frame.pts = pts
@@ -93,7 +151,9 @@ class WebRTCCaller:
     """An aiortc client: offers audio (sendrecv) and a data channel, sends ``audio`` (48 kHz mono int16), and
     records the audio that comes back (mono, at the frame rate, bounded to ``record_seconds``) with arrival times.
 
-    ``codecs`` restricts the offer (e.g. ``["audio/PCMU"]``) to exercise a G.711 answer.
+    ``codecs`` restricts the offer (e.g. ``["audio/PCMU"]``) to exercise a G.711 answer. ``on_audio`` is called
+    with (arrival time, mono pcm) for every frame received, for a listener that must see all of a long call.
+    With ``loop=False``, :meth:`say` queues further clips to speak (a conversation).
     """
 
     def __init__(
@@ -107,7 +167,9 @@ class WebRTCCaller:
         jitter_prefetch: int = DEFAULT_JITTER_PREFETCH,
         record_seconds: float = 30.0,
         record_audio: bool = True,
+        on_audio: Callable[[float, np.ndarray], None] | None = None,
     ) -> None:
+        self.on_audio = on_audio
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice_server_list(ice_servers)))
         src = audio if audio is not None else np.zeros(OPUS_FRAME_SAMPLES, np.int16)
         self.transceiver = self.pc.addTransceiver("audio", direction="sendrecv")
@@ -162,6 +224,11 @@ class WebRTCCaller:
         """Speak ``audio`` (48 kHz mono int16) from the next 20 ms frame on, then silence (or loop, as created)."""
         self.source.play(audio)
 
+    def say(self, audio: np.ndarray, mark_sample: int) -> asyncio.Future[float]:
+        """Speak ``audio`` (48 kHz mono int16) after what is queued; the future resolves to the time the frame
+        holding ``mark_sample`` (e.g. the last audible one) was handed to aiortc."""
+        return self.source.say(audio, mark_sample)
+
     def send(self, text: str) -> None:
         if self.channel is None:
             raise RuntimeError("this caller has no data channel")
@@ -180,6 +247,8 @@ class WebRTCCaller:
                 self.levels.append(rms_dbfs(pcm))
                 if self.record_audio:
                     self.chunks.append(pcm.copy())
+                if self.on_audio is not None:
+                    self.on_audio(now, pcm)
         except MediaStreamError:
             return
 

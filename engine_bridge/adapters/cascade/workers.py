@@ -91,7 +91,9 @@ class TtsWorker:
     def _synthesize(self, reply: Reply, text: str) -> None:
         chunks: list[npt.NDArray[np.int16]] = []
         resampler = reply.resampler
-        for chunk in self.tts.synthesize(text):
+        # The reply's first audio starts at the voice's onset, not after its leading silence (a latency cut).
+        opening = reply.samples == 0
+        for chunk in self.tts.synthesize_opening(text) if opening else self.tts.synthesize(text):
             if reply.stale:
                 return
             out = resampler.process(chunk)

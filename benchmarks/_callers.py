@@ -1,0 +1,182 @@
+"""The caller's side of the spoken benchmarks: a microphone that speaks over the Live WebSocket at real time, and
+what the caller hears (received audio with arrival times, scanned for audible 10 ms windows).
+
+Every spoken benchmark measures a turn the same way, where the caller is:
+
+* **speech end** = the wall time the caller sent the frame that holds its last audible sample (the last 10 ms
+  window above :data:`~tests.speech_fixtures.AUDIBLE_DBFS`, -45 dBFS, of the clip it speaks);
+* **heard** = the arrival time of the received chunk that holds the first audible window of the answer, plus the
+  window's offset inside that chunk: when a player that starts each chunk on arrival plays that sample.
+
+:class:`HeardAudio` does the second part for any transport (engine egress frames, Live WebSocket deltas, WebRTC
+frames after the jitter buffer); :class:`LiveOutput` feeds it from a :class:`LiveClient`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from _common import ROOT  # noqa: F401  (puts the repository root on sys.path)
+
+from livekit_omni.testing.live_client import LiveClient
+from tests.speech_fixtures import AUDIBLE_DBFS, loud_windows, speech_bounds_ms, synthesize_speech
+
+
+class HeardAudio:
+    """Received audio as the caller hears it: chunks with arrival times, scanned in whole 10 ms windows.
+
+    :attr:`loud` lists (window index, time heard) for every window above ``floor_db``; a window is heard at its
+    chunk's arrival time plus its offset into the chunk (a window that straddles two chunks counts in the first).
+    """
+
+    def __init__(self, rate: int, floor_db: float = AUDIBLE_DBFS) -> None:
+        if rate % 100:
+            raise ValueError("the rate must hold whole 10 ms windows")
+        self.rate = rate
+        self.window = rate // 100
+        self.floor_db = floor_db
+        self.loud: list[tuple[int, float]] = []
+        self._samples = 0  # samples received
+        self._starts: list[int] = []  # first sample of each chunk
+        self._arrivals: list[float] = []
+        self._tail = np.zeros(0, dtype=np.int16)  # received samples not yet in a scanned window
+        self._scanned = 0  # windows scanned
+        self._chunk = 0  # chunk holding the first unscanned window (the scan only moves forward)
+
+    def add(self, arrival: float, pcm: npt.NDArray[np.int16]) -> None:
+        if not len(pcm):
+            return
+        self._starts.append(self._samples)
+        self._arrivals.append(arrival)
+        self._samples += len(pcm)
+        self._tail = np.concatenate([self._tail, pcm.astype(np.int16, copy=False)])
+
+    def scan(self) -> None:
+        """Examine the windows completed since the last scan."""
+        n = len(self._tail) // self.window
+        if not n:
+            return
+        hits = loud_windows(self._tail[: n * self.window], self.rate, self.floor_db)
+        for i in hits:
+            w = self._scanned + int(i)
+            self.loud.append((w, self.heard_at(w * self.window)))
+        self._tail = self._tail[n * self.window :]
+        self._scanned += n
+
+    def heard_at(self, sample: int) -> float:
+        """When ``sample`` (index into everything received) plays, given each chunk starts on arrival."""
+        while self._chunk + 1 < len(self._starts) and self._starts[self._chunk + 1] <= sample:
+            self._chunk += 1
+        return self._arrivals[self._chunk] + (sample - self._starts[self._chunk]) / self.rate
+
+    def windows_received(self) -> int:
+        return self._samples // self.window
+
+    def first_loud_after(self, t: float, from_window: int = 0) -> tuple[int, float] | None:
+        """The first audible window at or after ``from_window`` heard at or after ``t``."""
+        return next(((w, h) for w, h in self.loud if w >= from_window and h >= t), None)
+
+
+class LiveOutput(HeardAudio):
+    """:class:`HeardAudio` of a Live WebSocket client's output (its ``session.output_audio.delta`` bytes)."""
+
+    def __init__(self, client: LiveClient, rate: int, floor_db: float = AUDIBLE_DBFS) -> None:
+        super().__init__(rate, floor_db)
+        self.client = client
+        self._delta = 0
+        self._offset = 0
+
+    def scan(self) -> None:
+        deltas = self.client.deltas
+        while self._delta < len(deltas):
+            at, n = deltas[self._delta]
+            raw = bytes(self.client.audio[self._offset : self._offset + n])
+            self.add(at, np.frombuffer(raw[: len(raw) // 2 * 2], dtype="<i2"))
+            self._delta += 1
+            self._offset += n
+        super().scan()
+
+
+@dataclass
+class _Utterance:
+    pcm: npt.NDArray[np.int16]
+    last_loud_chunk: int
+    sent_end: asyncio.Future[float]
+
+
+class Microphone:
+    """Streams 20 ms PCM appends over the Live WebSocket at real time for the whole session: queued utterances,
+    silence otherwise (what a browser's microphone does)."""
+
+    def __init__(self, client: LiveClient, rate: int) -> None:
+        self.client = client
+        self.rate = rate
+        self.chunk = rate // 50
+        self._queue: asyncio.Queue[_Utterance] = asyncio.Queue()
+        self._silence = base64.b64encode(bytes(self.chunk * 2)).decode()
+        self._task = asyncio.create_task(self._run())
+
+    def say(self, text: str, lead_silence_ms: int = 200) -> asyncio.Future[float]:
+        """Queue ``text`` (Piper); the future resolves to the wall time its last audible sample was sent."""
+        pcm = synthesize_speech(text, rate=self.rate, lead_silence_ms=lead_silence_ms, tail_silence_ms=0)
+        _, end_ms = speech_bounds_ms(pcm, self.rate)
+        last_loud_sample = end_ms * self.rate // 1000 - 1
+        fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Utterance(pcm, last_loud_sample // self.chunk, fut))
+        return fut
+
+    async def _run(self) -> None:
+        t0 = time.monotonic()
+        sent = 0
+        current: _Utterance | None = None
+        pos = 0
+        while True:
+            if current is None and not self._queue.empty():
+                current, pos = self._queue.get_nowait(), 0
+            if current is None:
+                payload = self._silence
+            else:
+                chunk = current.pcm[pos * self.chunk : (pos + 1) * self.chunk]
+                chunk = np.pad(chunk, (0, self.chunk - len(chunk)))
+                payload = base64.b64encode(chunk.astype("<i2").tobytes()).decode()
+            await self.client.send({"type": "session.input_audio.append", "audio": payload})
+            if current is not None:
+                if pos == current.last_loud_chunk and not current.sent_end.done():
+                    current.sent_end.set_result(time.monotonic())
+                pos += 1
+                if pos * self.chunk >= len(current.pcm):
+                    current = None
+            sent += 1
+            await asyncio.sleep(max(0.0, t0 + sent * self.chunk / self.rate - time.monotonic()))
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        try:
+            await self._task
+        except (asyncio.CancelledError, Exception):  # a closed socket ends the stream too
+            pass
+
+
+async def hear_answer(
+    heard: HeardAudio, speech_end: float, from_window: int, *, timeout: float, quiet_s: float = 1.2
+) -> float | None:
+    """The time the first audible window of an answer is heard: the first one at or after ``from_window`` heard
+    at or after ``speech_end`` (the caller's last audible sample), or None within ``timeout``. Returns once the
+    answer has played out (``quiet_s`` of received output quiet after its last audible window), so the next
+    question is not a barge-in."""
+    first: tuple[int, float] | None = None
+    deadline = speech_end + timeout
+    quiet_windows = round(quiet_s * 100)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        heard.scan()
+        if first is None:
+            first = heard.first_loud_after(speech_end, from_window)
+        if first is not None and heard.windows_received() - 1 - heard.loud[-1][0] >= quiet_windows:
+            break
+    return first[1] if first is not None else None
