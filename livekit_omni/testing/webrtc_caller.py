@@ -123,9 +123,11 @@ class _SourceTrack(MediaStreamTrack):
         queued = self._next_queued(now) if i is None else None
         if self._codec() == "audio/opus":
             if self._packets is None:
-                enc = OpusEncoder()
-                self._packets = enc.encode(self._audio)
-                self._silence_packet = enc.encode(np.zeros(OPUS_FRAME_SAMPLES, np.int16))[0]
+                self._packets = OpusEncoder().encode(self._audio)
+                # Silence from a fresh encoder: encoded right after the clip, the same packet carries the clip's
+                # state, and repeated it decodes to a steady loud signal (RMS 0.13, about -17 dBFS) that the
+                # server hears as the caller never going quiet.
+                self._silence_packet = OpusEncoder().encode(np.zeros(OPUS_FRAME_SAMPLES, np.int16))[0]
             if isinstance(queued, bytes):
                 data = queued
             else:
