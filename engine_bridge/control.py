@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import logging
 import os
+import socket
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -188,8 +189,19 @@ class ControlServer:
             path.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()  # a stale socket from a dead engine
-            self._server = await asyncio.start_unix_server(self._serve, path=str(path))
+            # Owner-only from the moment it exists: bound under a umask that leaves no group/other bits (a chmod
+            # after bind would leave a window in which another local user could connect).
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            old_umask = os.umask(0o177)
+            try:
+                sock.bind(str(path))
+            except BaseException:
+                sock.close()
+                raise
+            finally:
+                os.umask(old_umask)
             os.chmod(path, 0o600)
+            self._server = await asyncio.start_unix_server(self._serve, sock=sock)
         else:
             self._server = await asyncio.start_server(self._serve, self.address.host, self.address.port)
             if self.address.port == 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -93,6 +94,13 @@ async def test_three_turns_use_the_kv_lease_and_prefill_only_new_tokens(client: 
     await ask(d, "Hello, my name is Alice.")
     await ask(d, "What is the capital of France?")
     await ask(d, "What is my name?")
+    # The answers, greedy from SmolLM2-135M: turn 2 is a fact it knows. Turn 3 it answers in its own voice ("my
+    # name is Emily"): a model this small does not resolve "my" to the caller, so only that it answered the name
+    # question is asserted; that turn 1's name is in turn 3's context is what the token log checks below show.
+    answers = [normalize_text(e.text) for e in d.of(p.ReplyDone)]
+    assert len(answers) == 3 and all(answers), answers
+    assert "paris" in answers[1], answers
+    assert "name" in answers[2], answers
     stats = await session.stats()
     records = stats.extra["turn_records"]
     assert len(records) == 3
@@ -141,7 +149,8 @@ async def test_barge_in_stops_stale_audio_keeps_played_part_and_answers_next(cli
     done = next(e for e in d.of(p.ReplyDone) if e.turn_id == reply_turn)
     assert done.interrupted
     played = d.audio_of_turn(reply_turn).shape[0]
-    assert played < done.total_samples or done.total_samples == 0 or played <= done.total_samples
+    # The reply was cut: the engine had synthesized more of it than the caller heard, and that rest never played.
+    assert 0 < played < done.total_samples, (played, done.total_samples)
     stats = await session.stats()
     seg = next(s for s in stats.log if s.role == "assistant" and s.turn_id == reply_turn)
     assert seg.interrupted
@@ -149,6 +158,7 @@ async def test_barge_in_stops_stale_audio_keeps_played_part_and_answers_next(cli
     outs = [e for e in d.of(p.OutputTranscript) if e.turn_id == reply_turn]
     kept = [e.text.strip() for e in outs if e.end_sample <= bump[0].played_samples]
     assert seg.text.split() == kept
+    assert len(kept) < len(outs), "words past the cut were synthesized and must have been dropped"
     assert bump[0].played_samples <= played + 480
     assert seg.audio_end_ms <= played * 1000 // ENGINE_OUTPUT_RATE + 20
     full_story_words = 34
@@ -167,11 +177,23 @@ async def test_short_sounds_do_not_interrupt(client: EngineClient) -> None:
         "commentary", "Tell the caller a two sentence fact about the moon and the tides."
     )
     await d.run(seconds=0, until=lambda d: d.played_seconds() > 0.8)
+    assert not d.reply_done(), "the reply ended before the noise burst: nothing was tested"
+    turn = d.of(p.ReplyStarted)[0].turn_id
+    burst_start = time.monotonic()
     await d.run(noise_burst(ms=120, level_db=-12), seconds=1.0)
+    burst_end = burst_start + 0.12
     await asyncio.wait_for(d.run(seconds=0, until=lambda d: d.reply_done()), 60)
     assert not d.of(p.BargeIn)
-    done = d.of(p.ReplyDone)[0]
-    assert not done.interrupted
+    done_at, done = d.timed(p.ReplyDone)[0]
+    assert not done.interrupted and done.turn_id == turn
+    # The reply was playing when the burst came and went on playing through it: its audio was played during
+    # the burst and after it, and it finished after the burst.
+    during = [pl for pl in d.played if pl.turn_id == turn and burst_start <= pl.wall <= burst_end]
+    after = [pl for pl in d.played if pl.turn_id == turn and pl.wall > burst_end + 0.2]
+    assert during and after and done_at > burst_end + 0.2
+    assert any(np.abs(pl.pcm).max() > 500 for pl in during + after), (
+        "the reply's audio after 0.8 s was silent"
+    )
     await session.close()
 
 
@@ -188,6 +210,10 @@ async def test_text_into_the_conversation_and_speak_now(client: EngineClient) ->
     await session.append_text("speak_now", "")
     await asyncio.wait_for(d.run(seconds=0, until=lambda d: d.reply_done()), 60)
     assert d.audio_of_turn(d.of(p.ReplyDone)[0].turn_id).shape[0] > 0
+    # The reply draws on both kinds of context: the caller's name from the silent "thinking" text, the bakery from
+    # the instructions. (The opening hour, the later instruction, SmolLM2-135M leaves out: not asserted.)
+    reply = normalize_text(d.of(p.ReplyDone)[0].text)
+    assert "bob" in reply and "bakery" in reply, reply
     stats = await session.stats()
     roles = [s.role for s in stats.log]
     assert roles.count("developer") >= 3 and roles[-1] == "assistant"

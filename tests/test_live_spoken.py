@@ -297,7 +297,12 @@ async def test_livekit_gpt_live_model_stock_defaults_two_turn_conversation(
     assistants = [m for m in _messages(session, "assistant") if m.strip()]
     assert mentions(users[0], "capital", "France"), users
     assert mentions(users[1], "spider"), users
-    assert any("paris" in m.lower() for m in assistants), assistants
+    # Each turn's answer, in order: SmolLM2-135M (greedy) knows both facts.
+    assert len(assistants) >= 2, assistants
+    assert "paris" in assistants[0].lower(), assistants
+    assert mentions(assistants[1], "legs") and (mentions(assistants[1], "eight") or "8" in assistants[1]), (
+        assistants
+    )
     assert speaker.played > 1.0
     assert close_s < 5.0, close_s
 

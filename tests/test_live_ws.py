@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 import pytest
 from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 from livekit_omni.live import wire
 from livekit_omni.testing.live_client import LiveClient
@@ -385,14 +386,25 @@ async def test_mute_and_unmute_are_acknowledged_and_idempotent(server: ServerPro
 
 
 async def test_muted_input_is_not_heard(server: ServerProcess) -> None:
+    """Muted, the tone is not heard (the loopback echoes silence); unmuted, the same tone in the same session is
+    echoed back: the positive control that shows this session would have echoed it."""
     c = await started(server)
     try:
         await c.send({"type": "session.input_audio.mute"})
         await c.next_event(wire.InputAudioMuted)
         await c.append_audio(tone(0.6, 24000).astype("<i2").tobytes(), bytes_per_100ms=4800)
-        await asyncio.sleep(0.5)
-        out = decode(bytes(c.audio), "pcm24k")
-        assert len(loud_frames(out, 24000)) == 0  # the loopback echoed silence: the engine heard none of it
+        await c.append_audio(bytes(4800 * 5), bytes_per_100ms=4800)  # time for an echo to come back
+        muted_out = decode(bytes(c.audio), "pcm24k")
+        assert len(muted_out) >= 24000 // 2, "the loopback echoes silence while input arrives"
+        assert len(loud_frames(muted_out, 24000)) == 0  # the engine heard none of the tone
+        await c.send({"type": "session.input_audio.unmute"})
+        await c.next_event(wire.InputAudioUnmuted)
+        await c.append_audio(tone(0.6, 24000).astype("<i2").tobytes(), bytes_per_100ms=4800)
+        await c.append_audio(bytes(4800 * 5), bytes_per_100ms=4800)
+        unmuted_out = decode(bytes(c.audio), "pcm24k")[len(muted_out) :]
+        loud = loud_frames(unmuted_out, 24000)
+        assert len(loud) >= 20, len(loud)  # most of the 30 frames of tone came back
+        assert abs(dominant_hz(unmuted_out, 24000) - 440) < 10
     finally:
         await c.close()
 
@@ -604,17 +616,60 @@ async def test_openai_sdk_session(server: ServerProcess) -> None:
 # --- metrics ----------------------------------------------------------------------------------------------------
 
 
-def test_metrics_count_sessions_errors_and_audio(server: ServerProcess) -> None:
+def scrape(server: ServerProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """/metrics as ``{(sample name, sorted labels): value}``, parsed by prometheus_client's own parser."""
     req = urllib.request.Request(server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"})
     with urllib.request.urlopen(req, timeout=5) as r:
         text = r.read().decode()
-    for needle in (
-        'livekit_omni_sessions_total{transport="websocket"}',
-        'livekit_omni_errors_total{code="unknown_event"}',
-        'livekit_omni_errors_total{code="invalid_api_key"}',
-        'livekit_omni_rejected_sessions_total{reason="unsupported_delegation"}',
-        "livekit_omni_audio_in_seconds_total",
-        "livekit_omni_audio_out_seconds_total",
-        'livekit_omni_active_sessions{transport="websocket"} 0.0',
-    ):
-        assert needle in text, needle
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+async def test_metrics_count_sessions_errors_and_audio(server: ServerProcess) -> None:
+    """Runs its own traffic and checks each counter moved by exactly what that traffic was (it does not rely on
+    the rest of the module having run first)."""
+
+    def value(m: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+        return m.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    before = await asyncio.to_thread(scrape, server)
+    bad = await LiveClient.connect(server.url, api_key="sk-wrong")
+    assert (await bad.next_event(wire.Error)).error.code == "invalid_api_key"
+    await bad.close()
+    refused = await LiveClient.connect(server.url)
+    ev = await refused.start({"model": "m", "delegation": {"type": "decisions", "decisions": {}}})
+    assert isinstance(ev, wire.Error)
+    await refused.close()
+    c = await started(server)
+    try:
+        await c.send({"type": "session.frobnicate"})
+        await expect_error(c, "unknown_event")
+        during = await asyncio.to_thread(scrape, server)
+        assert value(during, "livekit_omni_active_sessions", transport="websocket") == 1.0
+        await c.append_audio(tone(1.0, 24000).astype("<i2").tobytes(), bytes_per_100ms=4800)
+        await asyncio.sleep(0.3)
+    finally:
+        await c.close()
+    out_s = len(c.audio) / 2 / 24000
+    assert out_s > 0.5
+    deadline = time.monotonic() + 5
+    while True:
+        after = await asyncio.to_thread(scrape, server)
+        if value(after, "livekit_omni_active_sessions", transport="websocket") == 0.0:
+            break
+        assert time.monotonic() < deadline, "the closed session is still counted as active"
+        await asyncio.sleep(0.1)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("livekit_omni_sessions_total", transport="websocket") == 1.0
+    assert delta("livekit_omni_errors_total", code="unknown_event") == 1.0
+    assert delta("livekit_omni_errors_total", code="invalid_api_key") == 1.0
+    assert delta("livekit_omni_rejected_sessions_total", reason="unsupported_delegation") == 1.0
+    assert delta("livekit_omni_audio_in_seconds_total") == pytest.approx(1.0, abs=0.02)
+    # Everything the server counted as sent reached this client (the last frames may still be in flight).
+    assert out_s - 0.1 <= delta("livekit_omni_audio_out_seconds_total") <= out_s + 0.1

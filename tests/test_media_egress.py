@@ -272,9 +272,17 @@ async def test_pacer_never_blocks_the_loop() -> None:
             ticks += 1
 
     task = asyncio.create_task(ticker())
-    beats = 0
+    # 20 beats of 5 ms on the same loop: a pacer that blocked the loop for its 20 ms waits would stretch every
+    # beat to a whole interval (>= 0.4 s in all); one that awaits lets them run on time.
+    t0 = time.monotonic()
+    gaps: list[float] = []
     for _ in range(20):
+        b0 = time.monotonic()
         await asyncio.sleep(0.005)
-        beats += 1
+        gaps.append(time.monotonic() - b0)
+    elapsed = time.monotonic() - t0
     task.cancel()
-    assert beats == 20 and ticks >= 3
+    assert elapsed < 0.3, (elapsed, gaps)
+    assert sorted(gaps)[len(gaps) // 2] < 0.015, gaps  # the median beat was not held up by a tick
+    # ...and it still paced: one tick per 20 ms (the first at once), not a spin.
+    assert 3 <= ticks <= elapsed / 0.02 + 2, (ticks, elapsed)

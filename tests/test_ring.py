@@ -10,6 +10,7 @@ import hashlib
 import multiprocessing as mp
 import os
 import resource
+import signal
 import subprocess
 import sys
 import textwrap
@@ -223,33 +224,39 @@ def test_owner_close_unlinks_and_pair_is_idempotent() -> None:
 
 
 def test_janitor_removes_orphans_of_dead_creators_only() -> None:
-    # A child creates a ring and dies by SIGKILL without cleaning up.
+    """A child creates a ring and dies by SIGKILL without cleaning up. Its resource tracker would normally unlink
+    the segment when the child's pipe closes; the janitor is for when that tracker died too (kill -9 of the
+    process group, an OOM kill), so the child unregisters from it first and the orphan really is left behind."""
     code = textwrap.dedent(
         """
         import os, signal
-        from engine_bridge.ring import IngressRing
+        from engine_bridge.ring import IngressRing, _untrack
         r = IngressRing.create(1024, 16000)
+        _untrack(r._shm)
         print(r.name, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
         """
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.getcwd())
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
     orphan = proc.stdout.strip()
     assert orphan.startswith("lko_")
+    dead_pid = int(orphan[len("lko_") :].split("_", 1)[0])
+    assert orphan in list_our_segments(), "the orphan must exist before the janitor runs"
     live = IngressRing.create(1024, 16000)  # ours and alive: must survive the janitor
-    foreign = "/dev/shm/lko_1_notours_in"  # our prefix but not our magic: must survive too
-    with open(foreign, "wb") as f:
+    # Our prefix and the same dead creator, but not our magic: the janitor must read the header and leave it.
+    foreign = f"lko_{dead_pid}_notours_in"
+    with open(f"/dev/shm/{foreign}", "wb") as f:
         f.write(b"\0" * 64)
     try:
-        # The resource tracker of the dead child may already have removed it; either way it must be gone.
-        remove_orphan_segments()
+        removed = remove_orphan_segments()
         names = list_our_segments()
-        assert orphan not in names
-        assert live.name in names
-        assert "lko_1_notours_in" in names
+        assert orphan in removed and orphan not in names
+        assert live.name in names and live.name not in removed
+        assert foreign in names and foreign not in removed
     finally:
         live.close()
-        os.unlink(foreign)
+        os.unlink(f"/dev/shm/{foreign}")
         unlink_segment(orphan)
 
 

@@ -1,0 +1,57 @@
+"""Smoke test for benchmarks/plugin_paths.py: a short run completes, its last line is the JSON it promises, the
+ratio is the arithmetic it claims, both paths delivered audio both ways, and no ring segment is left behind.
+
+The issue's target (ratio >= 5) is not asserted: this box shares two vCPUs with other jobs, and the benchmark is
+the place to read it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from engine_bridge.ring import SEGMENT_PREFIX, list_our_segments
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_plugin_paths_short_run_reports_both_paths() -> None:
+    before = set(list_our_segments())
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "plugin_paths.py"), "--seconds", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("load average at start:")
+    assert any(line.startswith("co-located (rings)") for line in lines)
+    assert any(line.startswith("remote (Live WebSocket)") for line in lines)
+    out = json.loads(lines[-1])
+    co, remote = out["colocated_us_per_frame"], out["remote_us_per_frame"]
+    assert all(math.isfinite(v) for v in (co, remote, out["baseline_us_per_frame"]))
+    assert out["remote_server_us_per_frame"] > 0  # the serve process did the remote path's server half
+    if co > 0:
+        assert math.isclose(out["ratio"], remote / co, rel_tol=0.02, abs_tol=0.02)
+    # Both paths carried the caller's audio to the engine (a latency per frame) and the echo back.
+    assert min(out["latency_samples"]) >= 0.8 * out["frames"]
+    assert min(out["output_s"]) > 0.5 * out["seconds"], out["output_s"]
+    for key in ("colocated_latency_ms", "remote_latency_ms"):
+        assert 0 <= out[key]["50"] <= out[key]["99"] < 1000, out[key]
+    # 100 ms chunks on the WebSocket: the remote path's median wait is longer than the ring's.
+    assert out["remote_latency_ms"]["50"] > out["colocated_latency_ms"]["50"]
+    # Every process of the run has exited, so a segment it left would now have a dead creator. (New segments of
+    # live creators belong to other jobs on this shared box.)
+    left = [n for n in set(list_our_segments()) - before if not psutil.pid_exists(creator_pid(n))]
+    assert not left, f"the benchmark left ring segments in /dev/shm: {left}"
+
+
+def creator_pid(segment: str) -> int:
+    return int(segment[len(SEGMENT_PREFIX) :].split("_", 1)[0])
