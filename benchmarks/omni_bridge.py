@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 import psutil
+from _common import ROOT, finish, pct  # also puts the repository root on sys.path
 
-from benchmarks._common import ROOT, finish, pct
 from engine_bridge import protocol as p
 from engine_bridge.client import EngineClient, EngineSession
 from engine_bridge.control import Address

@@ -45,10 +45,10 @@ from typing import Any
 
 import numpy as np
 import psutil
+from _common import finish, pct  # also puts the repository root on sys.path
 from livekit import rtc
 from livekit.agents import llm
 
-from benchmarks._common import finish, pct
 from engine_bridge.ring import SEGMENT_PREFIX, IngressRing, list_our_segments
 from livekit_omni import OmniDuplexModel
 from livekit_omni.plugin.colocated import ColocatedSession
