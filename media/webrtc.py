@@ -610,6 +610,21 @@ def _check_dtls(sdp: str) -> None:
             raise SdpError(f"the SDP offer's {media.kind} section has no DTLS fingerprint (a=fingerprint)")
 
 
+def check_offer(offer_sdp: str) -> None:
+    """The checks of an offer that need no peer connection (size, an audio section, parseable, DTLS), so a route
+    can refuse a bad offer with :class:`SdpError` before it takes an engine slot."""
+    if len(offer_sdp.encode()) > MAX_OFFER_BYTES:
+        raise SdpError(f"SDP offer is larger than {MAX_OFFER_BYTES} bytes")
+    if "m=audio" not in offer_sdp:
+        raise SdpError("the SDP offer has no audio section")
+    try:
+        _check_dtls(offer_sdp)
+    except SdpError:
+        raise
+    except Exception as e:  # aiortc's parser raises what it meets (ValueError, IndexError, ...)
+        raise SdpError(f"cannot apply the SDP offer: {type(e).__name__}: {e}") from e
+
+
 async def answer_offer(
     offer_sdp: str,
     session: SessionLike,
@@ -632,10 +647,7 @@ async def answer_offer(
     enables loopback ICE. ``encoder`` picks who encodes outgoing audio (see :class:`EgressTrack`). Raises
     :class:`SdpError` for an oversized or unusable offer.
     """
-    if len(offer_sdp.encode()) > MAX_OFFER_BYTES:
-        raise SdpError(f"SDP offer is larger than {MAX_OFFER_BYTES} bytes")
-    if "m=audio" not in offer_sdp:
-        raise SdpError("the SDP offer has no audio section")
+    check_offer(offer_sdp)
     if loopback_only is None:
         loopback_only = loopback_ice_enabled()
     elif loopback_only:

@@ -7,6 +7,7 @@ which takes 20-30 s; later runs load it in well under a second.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 
 from engine_bridge.thinker.base import DecodingSettings, ThinkerBackend
 from engine_bridge.thinker.model_store import (
+    ABANDONED_AFTER_S,
     DEFAULT_MODEL,
     atomic_directory,
     cache_root,
@@ -64,6 +66,22 @@ def test_conversion_cache_is_plain_and_reloads_fast() -> None:
     took = time.perf_counter() - t0
     assert took < 1.5, f"reloading the converted model took {took:.2f} s"
     assert loaded.model.config.num_hidden_layers == 30 and loaded.path == folder
+
+
+def test_folders_of_a_converter_that_died_are_removed(tmp_path: Path) -> None:
+    final = tmp_path / "models" / "m"
+    final.parent.mkdir(parents=True)
+    dead = final.parent / ".m.tmp-dead1234"  # a killed conversion's half-written copy
+    dead.mkdir()
+    (dead / "model.safetensors").write_bytes(b"half")
+    old = time.time() - ABANDONED_AFTER_S - 60
+    os.utime(dead, (old, old))
+    live = final.parent / ".m.tmp-live5678"  # a conversion running now in another process
+    live.mkdir()
+    with atomic_directory(final) as tmp:
+        (tmp / "model.safetensors").write_bytes(b"whole")
+    assert not dead.exists() and live.exists()
+    assert (final / "model.safetensors").read_bytes() == b"whole"
 
 
 def test_atomic_directory_never_leaves_a_half_cache(tmp_path: Path) -> None:

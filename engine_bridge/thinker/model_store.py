@@ -134,6 +134,22 @@ def _is_complete(folder: Path, fingerprint: dict[str, Any]) -> bool:
     return all(marker.get(k) == v for k, v in fingerprint.items())
 
 
+#: A temporary folder of a conversion untouched for this long was left by a process that died mid-way (killed,
+#: out of memory, power loss): a conversion writes its files within seconds.
+ABANDONED_AFTER_S = 600.0
+
+
+def _remove_abandoned(final: Path) -> None:
+    """Delete temporary and set-aside folders of ``final`` that a dead converter left (hundreds of MB each)."""
+    now = time.time()
+    for p in final.parent.glob(f".{final.name}.*-*"):
+        try:
+            if p.is_dir() and now - p.stat().st_mtime > ABANDONED_AFTER_S:
+                shutil.rmtree(p, ignore_errors=True)
+        except OSError:
+            continue  # another process removed it first
+
+
 @contextlib.contextmanager
 def atomic_directory(final: Path, *, keep_existing: Callable[[Path], bool] | None = None) -> Iterator[Path]:
     """Yield an empty temporary folder next to ``final``; on success rename it to ``final`` in one step.
@@ -143,6 +159,7 @@ def atomic_directory(final: Path, *, keep_existing: Callable[[Path], bool] | Non
     there) discards ours; False (an outdated or broken cache) moves it aside and puts ours in its place.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(final)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         yield tmp
@@ -178,6 +195,7 @@ def ensure_converted(
     fingerprint = _source_fingerprint(gguf)
     final = cache_root(cache_dir) / name
     if _is_complete(final, fingerprint):
+        _remove_abandoned(final)
         return final
 
     console = console or Console(stderr=True)

@@ -46,7 +46,7 @@ from livekit_omni.live.webrtc import (
 from livekit_omni.realtime import wire
 from livekit_omni.realtime.client_secrets import error_response, keys_of
 from livekit_omni.realtime.session import RealtimeSession
-from media.webrtc import SdpError, answer_offer
+from media.webrtc import SdpError, answer_offer, check_offer
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,10 @@ async def create_call(request: Request) -> Response:
         return error_response(400, e.code, e.message)
     if len(sdp.encode()) > max_sdp:
         return error_response(400, "sdp_too_large", f"the SDP offer is limited to {max_sdp} bytes")
+    try:
+        check_offer(sdp)  # before an engine slot is taken: a bad offer is a 400 even on a full engine
+    except SdpError as e:
+        return error_response(400, "invalid_sdp", str(e))
 
     transport = DataChannelTransport()
     session = RealtimeSession(hub, transport)

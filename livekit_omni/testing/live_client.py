@@ -139,10 +139,14 @@ class LiveClient:
     async def start(
         self, session: dict[str, Any] | None = None, *, timeout: float = 15.0
     ) -> wire.SessionStarted | wire.Error:
-        """``session.start`` → the ``session.started`` event (or the ``error`` that refused it)."""
-        await self.send(
-            {"type": "session.start", "event_id": "start", "session": session or {"model": "test"}}
-        )
+        """``session.start`` → the ``session.started`` event (or the ``error`` that refused it).
+
+        A server that refuses every new session (draining, a bad key) may send its error and close before this
+        command goes out; the error is still read from what was received."""
+        with contextlib.suppress(ConnectionClosed):
+            await self.send(
+                {"type": "session.start", "event_id": "start", "session": session or {"model": "test"}}
+            )
         return await self.next_event((wire.SessionStarted, wire.Error), timeout)
 
     async def append_audio(self, raw: bytes, *, bytes_per_100ms: int, realtime: bool = True) -> None:
