@@ -408,10 +408,10 @@ class ThinkerBackend(ABC):
 
     # Text requests (chat completions) size a session before opening it, to refuse a prompt that does not fit
     # instead of letting ``open`` trim it.
+    @abstractmethod
     def prompt_length(self, instructions: str | None, history: Sequence[Message]) -> int:
         """Tokens ``open(sid, instructions, history)`` + ``begin_reply`` put before the first reply token."""
-        raise NotImplementedError
 
+    @abstractmethod
     def reply_footer_length(self) -> int:
         """Tokens the template appends after a reply's content (the reserve next to ``max_tokens``)."""
-        raise NotImplementedError
