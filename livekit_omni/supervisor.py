@@ -52,6 +52,7 @@ class EngineSupervisor:
         self.process: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self.engine_info: dict[str, Any] = {}
+        self.engine_info_at = 0.0  # time.monotonic() of the ping engine_info came from
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._ready = asyncio.Event()
@@ -80,6 +81,8 @@ class EngineSupervisor:
                 "pid": self.process.pid if self.process else self.engine_info.get("engine_pid"),
                 "restarts": self.restarts,
                 **{k: v for k, v in self.engine_info.items() if k not in ("state",)},
+                # A busy engine may miss the ping of this request: then the figures above are this old.
+                "info_age_s": round(time.monotonic() - self.engine_info_at, 3) if self.engine_info_at else None,
             },
         }
 
@@ -89,7 +92,11 @@ class EngineSupervisor:
         if client is None or client.lost:
             return
         with contextlib.suppress(Exception):
-            self.engine_info = (await client.ping(timeout=1.0)).flat()
+            self._set_info(await client.ping(timeout=2.0))
+
+    def _set_info(self, info: p.EngineHealth) -> None:
+        self.engine_info = info.flat()
+        self.engine_info_at = time.monotonic()
 
     async def stop(self) -> None:
         self._stopping = True
@@ -139,7 +146,7 @@ class EngineSupervisor:
         t0 = time.monotonic()
         while True:
             info = await self.client.ping(timeout=5.0)
-            self.engine_info = info.flat()
+            self._set_info(info)
             if info.state == "ready":
                 break
             if info.state == "failed":

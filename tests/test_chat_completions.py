@@ -359,7 +359,14 @@ def vllm_server() -> Iterator[ServerProcess]:
 
 
 def _health(server: ServerProcess) -> dict[str, Any]:
-    return server.health()[1]["engine"]
+    """The engine's figures from /health, fresh (a loaded engine can miss one request's ping: /health then
+    returns the last figures with their age, and this asks again)."""
+    for _ in range(20):
+        eng: dict[str, Any] = server.health()[1]["engine"]
+        if eng["info_age_s"] is not None and eng["info_age_s"] < 1.0:
+            return eng
+        time.sleep(0.1)
+    raise AssertionError(f"/health gave no fresh engine figures: {eng}")
 
 
 async def _sdk_round_trip(server: ServerProcess) -> None:

@@ -195,6 +195,26 @@ def _best_ncc(template: np.ndarray, signal: np.ndarray) -> tuple[float, int]:
     return float(ncc[i]), i
 
 
+def _matched_share(template: np.ndarray, signal: np.ndarray, window: int = 1280) -> tuple[float, int]:
+    """Where ``template`` (16 kHz) best sits in ``signal``, and the share of its voiced 80 ms windows that match
+    the signal there (NCC > 0.7), each searched within 40 ms of its place: a frame lost or concealed on a loaded
+    machine shifts what follows by 20 ms and spoils a window or two, not the whole comparison as one NCC over
+    the second would."""
+    t = template.astype(np.float64)
+    s = signal.astype(np.float64)
+    _, at = _best_ncc(t, s)
+    starts = range(0, len(t) - window + 1, window)
+    rms = [float(np.sqrt(np.mean(t[i : i + window] ** 2))) for i in starts]
+    slack = window // 2
+    voiced = [i for i, r in zip(starts, rms, strict=True) if r >= 0.1 * max(rms)]
+    matched = 0
+    for i in voiced:
+        lo = max(0, at + i - slack)
+        ncc, _ = _best_ncc(t[i : i + window], s[lo : at + i + window + slack])
+        matched += ncc > 0.7
+    return matched / len(voiced), at
+
+
 @pytest.mark.parametrize("encoder", ["media", "aiortc"])
 async def test_webrtc_call_echoes_speech_and_carries_data_channel_events(
     engine: EngineProcess, loopback_ice: None, encoder: str
@@ -252,12 +272,12 @@ async def test_webrtc_call_echoes_speech_and_carries_data_channel_events(
         word = speech[24000 : 24000 + 48000]  # one second of the clip, starting at the speech onset
         tmpl = soxr.resample(word, 48000, 16000)
         sig = soxr.resample(rx, 48000, 16000)
-        ncc, at = _best_ncc(tmpl, sig)
-        assert ncc > 0.8, ncc
+        share, at = _matched_share(tmpl, sig)
+        assert share >= 0.75, (share, stats)
         # Where the template sits in the received stream: after the send start plus the loopback delay.
         assert at / 16000 > 0.5 + LOOPBACK_DELAY_MS / 1000
-        reversed_ncc, _ = _best_ncc(tmpl[::-1].copy(), sig)
-        assert reversed_ncc < 0.5  # the control: the same energy, not the same speech
+        reversed_share, _ = _matched_share(tmpl[::-1].copy(), sig)
+        assert reversed_share <= 0.25, reversed_share  # the control: the same energy, not the same speech
     finally:
         await peer.close()
         await peer.close()  # idempotent
