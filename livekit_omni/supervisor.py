@@ -82,7 +82,9 @@ class EngineSupervisor:
                 "restarts": self.restarts,
                 **{k: v for k, v in self.engine_info.items() if k not in ("state",)},
                 # A busy engine may miss the ping of this request: then the figures above are this old.
-                "info_age_s": round(time.monotonic() - self.engine_info_at, 3) if self.engine_info_at else None,
+                "info_age_s": round(time.monotonic() - self.engine_info_at, 3)
+                if self.engine_info_at
+                else None,
             },
         }
 
