@@ -140,4 +140,6 @@ async def drain_app(app: Starlette) -> int:
     """SIGTERM: stop admission, let open sessions run up to the grace, close the rest (see livekit_omni.drain)."""
     hub = hub_of(app)
     drain: Drain = app.state.drain
+    drain.begin()
+    await hub.end_detached()  # no client to finish them; a detach from now on ends the session instead
     return await drain.run(hub.sessions, hub.close_all)

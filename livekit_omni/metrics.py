@@ -26,6 +26,21 @@ class Metrics:
             buckets=(0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 10.0),
             registry=r,
         )
+        self.sessions_detached = Counter(
+            "livekit_omni_sessions_detached", "Sessions whose connection dropped, kept for resume", registry=r
+        )
+        self.sessions_resumed = Counter(
+            "livekit_omni_sessions_resumed", "Detached sessions re-attached with their token", registry=r
+        )
+        self.detached_sessions_ended = Counter(
+            "livekit_omni_detached_sessions_ended",
+            "Detached sessions closed before a resume (expired, overflow, drain, ...)",
+            ["reason"],
+            registry=r,
+        )
+        self.resume_refused = Counter(
+            "livekit_omni_resume_refused", "session.resume refusals", ["code"], registry=r
+        )
         self.engine_restarts = Gauge(
             "livekit_omni_engine_restarts", "Engine restarts since start", registry=r
         )

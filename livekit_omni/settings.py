@@ -2,7 +2,7 @@
 
 Environment variables use the prefix ``LIVEKIT_OMNI_`` and ``__`` for nesting, e.g.
 ``LIVEKIT_OMNI_PORT=9000``, ``LIVEKIT_OMNI_API_KEYS='["sk-1"]'``, ``LIVEKIT_OMNI_ENGINE__MAX_SESSIONS=8``,
-``LIVEKIT_OMNI_LIMITS__SESSION_LIFETIME_S=600``, ``LIVEKIT_OMNI_DRAIN_GRACE_S=60``.
+``LIVEKIT_OMNI_LIMITS__SESSION_LIFETIME_S=600``, ``LIVEKIT_OMNI_DRAIN_GRACE_S=60``, ``LIVEKIT_OMNI_RESUME_GRACE_S=0``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,11 @@ class LimitSettings(BaseModel):
     webrtc_connect_timeout_s: float = Field(30.0, gt=0)
     #: Largest fixture clip.
     max_fixture_s: float = Field(30.0, gt=0)
+    #: What a detached session (its connection dropped, see ``resume_grace_s``) may hold for its client: events
+    #: and bytes (encoded). Over either, the session is closed and its resume token dies. The defaults hold a
+    #: 30 s grace of PCM16 24 kHz speech (750 chunks, ~2 MB) with room to spare.
+    resume_buffer_events: int = Field(4096, ge=16)
+    resume_buffer_bytes: int = Field(16 * 1024 * 1024, ge=64 * 1024)
 
 
 class WebRTCSettings(BaseModel):
@@ -66,6 +71,9 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     #: SIGTERM drains: no new sessions, open ones run up to this long, then close 1012 (livekit_omni.drain).
     drain_grace_s: float = Field(30.0, ge=0)
+    #: A Live session whose connection drops without ``session.close`` stays open this long (engine session, KV,
+    #: pending output) for a ``session.resume`` with its token (docs/protocol.md). 0: no resume, a drop ends it.
+    resume_grace_s: float = Field(30.0, ge=0)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     webrtc: WebRTCSettings = Field(default_factory=WebRTCSettings)

@@ -36,6 +36,7 @@ from engine_bridge.formats import ENGINE_OUTPUT_RATE, FRAME_MS
 from livekit_omni.live import wire
 from livekit_omni.live.backpressure import InputBudget, InputVerdict
 from livekit_omni.live.eventlog import event_log
+from livekit_omni.live.resume import TRANSPORT_MISMATCH, DetachedTransport, ResumeTokens
 from livekit_omni.supervisor import EngineUnavailableError
 from media.bridge import SessionBridge
 from media.codecs import AudioEncoding, alaw_encode, ulaw_encode
@@ -45,6 +46,7 @@ from media.pacer import Pacer
 from media.resample import Resampler
 
 if TYPE_CHECKING:
+    from livekit_omni.drain import Drain
     from livekit_omni.metrics import Metrics
     from livekit_omni.settings import Settings
     from livekit_omni.supervisor import EngineSupervisor
@@ -68,6 +70,8 @@ SPEECH_CHUNK_FRAMES: Final = 2
 SILENCE_CHUNK_FRAMES: Final = 5
 #: Commands to the engine that do not answer within this are reported as an error (the session goes on).
 ENGINE_REQUEST_TIMEOUT_S: Final = 5.0
+#: Transports whose sessions survive a dropped connection (``resume_grace_s``).
+RESUMABLE_TRANSPORTS: Final = frozenset({"websocket"})
 
 
 class Transport(Protocol):
@@ -81,6 +85,9 @@ class Transport(Protocol):
 
     def send(self, data: bytes) -> None:
         """Queue one encoded event; never blocks. A client that stops reading is disconnected by the transport."""
+
+    async def put(self, data: bytes) -> None:
+        """Queue one encoded event, waiting for room (a resumed session's backlog goes out through this)."""
 
     async def close(self, code: int, reason: str = "") -> None:
         """Flush queued events, then close with ``code``. Idempotent."""
@@ -189,6 +196,24 @@ class LiveHub:
         self._clock_task: asyncio.Task[None] | None = None
         #: The shared output clock while it runs (its ``late``/``skipped`` counters show a loop that fell behind).
         self.pacer: Pacer | None = None
+        #: Resume tokens of the Live sessions (livekit_omni.live.resume), and the sessions now detached.
+        self.resume_tokens: ResumeTokens[LiveSession] = ResumeTokens()
+        self.detached: set[LiveSession] = set()
+        #: The server's admission state (a draining server keeps no session for resume).
+        self.drain: Drain | None = None
+
+    @property
+    def admitting(self) -> bool:
+        return self.drain is None or self.drain.admitting
+
+    async def end_detached(self) -> None:
+        """The drain began: sessions without a client end now (nobody is there to finish them)."""
+        sessions = list(self.detached)
+        if sessions:
+            self.metrics.detached_sessions_ended.labels(reason="drain").inc(len(sessions))
+        await asyncio.gather(
+            *(s.end(None, code=CLOSE_RESTART, notify=False) for s in sessions), return_exceptions=True
+        )
 
     def add(self, s: HubSession) -> None:
         self.sessions.add(s)
@@ -258,6 +283,7 @@ def hub_of(app: Any) -> LiveHub:
     hub: LiveHub | None = getattr(app.state, "live_hub", None)
     if hub is None:
         hub = LiveHub(app.state.settings, app.state.supervisor, app.state.metrics)
+        hub.drain = getattr(app.state, "drain", None)
         app.state.live_hub = hub
         app.state.close_sessions = hub.close_all
     return hub
@@ -311,6 +337,15 @@ class LiveSession:
         self._playing_turn = 0
         self._context: tuple[int, int] | None = None
         self._fatal: p.SessionError | None = None
+        # Resume (livekit_omni.live.resume): the token of the last session.started; while detached (and while a
+        # resumed client is sent the backlog) the buffer that stands in for the transport.
+        self.resume_token: str | None = None
+        self._detached: DetachedTransport | None = None
+        self._replaying_to: Transport | None = None
+        self._replay_task: asyncio.Task[None] | None = None
+        self._grace_task: asyncio.Task[None] | None = None
+        #: A connection's first session: set when its ``session.resume`` took over an existing session instead.
+        self.successor: LiveSession | None = None
 
     # --- small helpers --------------------------------------------------------------------------------------
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
@@ -394,6 +429,9 @@ class LiveSession:
             return
         if isinstance(cmd, wire.SessionStart):
             await self._on_start(cmd)
+            return
+        if isinstance(cmd, wire.SessionResume):
+            await self._on_resume(cmd)
             return
         if self.state != "active":
             self.emit(
@@ -535,7 +573,13 @@ class LiveSession:
             self.writer = self.bridge.writer
             self.writer.set_format(fmt.encoding, fmt.rate)
             self.attach_player(self.bridge.open_output(rate=fmt.rate, encoding=fmt.encoding))
-        self.emit(wire.SessionStarted(client_event_id=client_event_id, session=self.resource()))
+        if self.resumable:
+            self.resume_token = self.hub.resume_tokens.issue(self)
+        self.emit(
+            wire.SessionStarted(
+                client_event_id=client_event_id, session=self.resource(), resume_token=self.resume_token
+            )
+        )
         if self.config.store_requested:
             self.emit(
                 wire.Info(
@@ -553,6 +597,152 @@ class LiveSession:
         self.player = player
         self.output = FixtureOverlay(player, self._on_fixture_done)
         return self.output
+
+    # --- resume (livekit_omni.live.resume) -------------------------------------------------------------------
+    @property
+    def resumable(self) -> bool:
+        """Whether a dropped connection detaches this session instead of ending it."""
+        return self.settings.resume_grace_s > 0 and self.transport.kind in RESUMABLE_TRANSPORTS
+
+    @property
+    def detached(self) -> bool:
+        """No client is connected (the session waits for a resume); also False while a backlog is replayed."""
+        return self._detached is not None and self._replaying_to is None
+
+    async def _on_resume(self, cmd: wire.SessionResume) -> None:
+        """``session.resume`` as a connection's first command: hand this connection to the token's session."""
+        cid = cmd.event_id
+        if not self.accepts_start or self.state != "new":
+            self.emit(
+                wire.error_event(
+                    "session_already_started",
+                    "session.resume is only accepted as the first command of a connection",
+                    param="type",
+                    client_event_id=cid,
+                )
+            )
+            return
+        tokens = self.hub.resume_tokens
+        target = tokens.peek(cmd.resume_token)
+        try:
+            if target is not None and target.transport.kind != self.transport.kind:
+                raise wire.WireError(
+                    TRANSPORT_MISMATCH,
+                    f"this token resumes a {target.transport.kind} session; resume it there",
+                    param="resume_token",
+                )
+            target = tokens.take(cmd.resume_token)
+        except wire.WireError as e:
+            # The connection stays usable: the client may start a new session on it.
+            self.metrics.resume_refused.labels(code=e.code).inc()
+            self.emit_error(e, cid)
+            return
+        self.state = "closed"
+        self.successor = target
+        await target.attach(self.transport, client_event_id=cid)
+
+    def _new_buffer(self, kind: str) -> DetachedTransport:
+        limits = self.settings.limits
+        return DetachedTransport(
+            kind=kind,
+            carries_audio=self.transport.carries_audio,
+            max_events=limits.resume_buffer_events,
+            max_bytes=limits.resume_buffer_bytes,
+            on_overflow=self._on_buffer_overflow,
+        )
+
+    def _on_buffer_overflow(self) -> None:
+        log.warning("session %s: detached output over the resume buffer; closing the session", self.id)
+        self.metrics.detached_sessions_ended.labels(reason="overflow").inc()
+        self.spawn(self.end(None, code=CLOSE_NORMAL, notify=False))
+
+    async def transport_lost(self, transport: Transport, *, may_detach: bool = True) -> None:
+        """``transport`` dropped without ``session.close``: detach for a resume when allowed (``may_detach``, the
+        session resumable, the server not draining), else end."""
+        if self.state == "closed":
+            return
+        if transport is not self.transport and transport is not self._replaying_to:
+            return  # a connection this session has already left (a resume took it over)
+        if not may_detach or self.state != "active" or not self.resumable or not self.hub.admitting:
+            await self.transport_closed()
+            return
+        self._detach()
+
+    def _detach(self) -> None:
+        if self._replaying_to is not None:
+            # Dropped again while the backlog was being sent: the rest of it stays in the buffer.
+            self._replaying_to = None
+            if self._replay_task is not None:
+                self._replay_task.cancel()
+                self._replay_task = None
+        else:
+            self._detached = self._new_buffer(self.transport.kind)
+            self.transport = self._detached
+        self.hub.detached.add(self)
+        self.metrics.sessions_detached.inc()
+        grace = self.settings.resume_grace_s
+        log.info("session %s: connection lost; kept %g s for a resume", self.id, grace)
+        self._grace_task = self.spawn(self._grace_expiry(grace))
+
+    async def _grace_expiry(self, grace_s: float) -> None:
+        await asyncio.sleep(grace_s)
+        if self.detached:
+            log.info("session %s: not resumed within %g s; closing it", self.id, grace_s)
+            self.metrics.detached_sessions_ended.labels(reason="expired").inc()
+            await self.end(None, code=CLOSE_NORMAL, notify=False)
+
+    async def attach(self, transport: Transport, *, client_event_id: str | None = None) -> None:
+        """A resume: ``transport`` takes this session over (its token already spent). It gets ``session.started``
+        (same id, a fresh token), then what was kept while detached, then the session as it goes on."""
+        if self._grace_task is not None:
+            self._grace_task.cancel()
+            self._grace_task = None
+        previous: Transport | None = None
+        if self._detached is None:
+            # The old connection is still open here (it has not noticed it is gone): it is closed, and its
+            # output from now on is kept for the new one.
+            previous = self.transport
+            self._detached = self._new_buffer(self.transport.kind)
+            self.transport = self._detached
+        elif self._replaying_to is not None:
+            previous = self._replaying_to
+            self._replaying_to = None
+            if self._replay_task is not None:
+                self._replay_task.cancel()
+                self._replay_task = None
+        self.hub.detached.discard(self)
+        buffer = self._detached
+        self._replaying_to = transport
+        if previous is not None:
+            await previous.close(CLOSE_NORMAL, "session_resumed")
+        if self.state != "active" or self._replaying_to is not transport:
+            await transport.close(CLOSE_NORMAL, "session_ended")
+            return
+        now = time.monotonic()
+        self._last_input = now
+        self._budget.reset(now)  # the new client's audio starts now; the gap is not a burst
+        self.resume_token = self.hub.resume_tokens.issue(self)
+        started = wire.encode(
+            wire.SessionStarted(
+                client_event_id=client_event_id, session=self.resource(), resume_token=self.resume_token
+            )
+        )
+        if self._log is not None:
+            self._log.write(started)
+        transport.send(started)
+        self.metrics.sessions_resumed.inc()
+        log.info("session %s: resumed (%d events kept)", self.id, len(buffer.pending))
+        self._replay_task = self.spawn(self._replay(buffer, transport))
+
+    async def _replay(self, buffer: DetachedTransport, transport: Transport) -> None:
+        """Send the backlog at the pace the connection takes it; once it is empty, events go straight out."""
+        while buffer.pending:
+            await transport.put(buffer.pop())
+        if self._replaying_to is transport and self.state == "active":
+            self.transport = transport
+            self._detached = None
+            self._replaying_to = None
+            self._replay_task = None
 
     # --- input audio ----------------------------------------------------------------------------------------
     def _on_audio(self, cmd: wire.InputAudioAppend) -> None:
@@ -801,10 +991,20 @@ class LiveSession:
         was_active = self.state == "active"
         self.state = "closed"
         self.hub.discard(self)
+        self.hub.detached.discard(self)
+        if self.resume_token is not None:
+            self.hub.resume_tokens.revoke(self.resume_token)
         current = asyncio.current_task()
         for t in list(self._tasks):
             if t is not current:
                 t.cancel()
+        if self._replaying_to is not None and self._detached is not None:
+            # Ending while a resumed client is sent its backlog: the rest goes out first, then the end.
+            target, buffer = self._replaying_to, self._detached
+            while buffer.pending:
+                target.send(buffer.pop())
+            self.transport = target
+            self._replaying_to = None
         if notify and was_active:
             self._flush_audio()
         if notify and error is not None:

@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response
 from livekit_omni.drain import DRAINING_CODE, DRAINING_MESSAGE, Drain
 from livekit_omni.live import wire
 from livekit_omni.live.session import CLOSE_TRY_AGAIN, LiveSession, hub_of
-from media.webrtc import SdpError, WebRTCPeer, answer_offer
+from media.webrtc import MAX_DATACHANNEL_BUFFERED, SdpError, WebRTCPeer, answer_offer
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,15 @@ class DataChannelTransport:
             # An open channel that cannot take more: the client stopped reading. End the session.
             self.closed = True
             self.on_stalled()
+
+    async def put(self, data: bytes) -> None:
+        # A backlog waits while the open channel holds over half of what it may buffer, so it never stalls it.
+        while not self.closed and (peer := self.peer) is not None:
+            ch = peer.channel
+            if ch is None or ch.readyState != "open" or ch.bufferedAmount <= MAX_DATACHANNEL_BUFFERED // 2:
+                break
+            await asyncio.sleep(0.02)
+        self.send(data)
 
     async def close(self, code: int, reason: str = "") -> None:
         self.closed = True

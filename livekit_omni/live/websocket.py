@@ -61,6 +61,10 @@ class WebSocketTransport:
             if self._handler is not None:
                 self._handler.cancel()
 
+    async def put(self, data: bytes) -> None:
+        if not self.closed:
+            await self._q.put(data)
+
     async def _write(self) -> None:
         ws = self.ws
         try:
@@ -154,6 +158,9 @@ async def live_websocket(ws: WebSocket) -> None:
                 await _refuse_draining(session, transport)
                 return
             await session.handle_text(data)
+            if session.successor is not None:
+                # session.resume: this connection now belongs to the resumed session.
+                session = session.successor
     except asyncio.CancelledError:
         if not transport.aborted:
             raise
@@ -162,5 +169,7 @@ async def live_websocket(ws: WebSocket) -> None:
         if task is not None:
             task.uncancel()
     finally:
-        await session.transport_closed()
+        # Detached for a resume (resume_grace_s), or ended. A client that stopped reading is not kept: what its
+        # full queue held is lost, so a resume could not give it the session's output exactly.
+        await session.transport_lost(transport, may_detach=not transport.aborted)
         await transport.close(CLOSE_TRY_AGAIN if transport.aborted else 1000)

@@ -192,6 +192,13 @@ class SessionClose(_Cmd, tag="session.close"):
     pass
 
 
+class SessionResume(_Cmd, tag="session.resume"):
+    """An extension: instead of ``session.start``, re-attach to a session whose connection dropped, with the
+    ``resume_token`` of its last ``session.started`` (single use; docs/protocol.md, "Resume")."""
+
+    resume_token: str
+
+
 ClientCommand = (
     SessionStart
     | SessionUpdate
@@ -203,6 +210,7 @@ ClientCommand = (
     | CommentaryAppend
     | FixturePlay
     | SessionClose
+    | SessionResume
 )
 TextAppend = InstructionsAppend | ThinkingAppend | CommentaryAppend
 
@@ -237,6 +245,7 @@ _KNOWN_TYPES: Final = frozenset(
         CommentaryAppend,
         FixturePlay,
         SessionClose,
+        SessionResume,
     )
 )
 
@@ -622,6 +631,10 @@ class _Event(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True)
 
 class SessionStarted(_Event, tag="session.started"):
     session: SessionResource
+    #: An extension (stock clients ignore it): the single-use token that re-attaches to this session after a
+    #: dropped connection (``session.resume``). Each ``session.started`` carries a fresh one; absent when resume
+    #: is off (``resume_grace_s`` 0).
+    resume_token: str | None = None
 
 
 class SessionUpdated(_Event, tag="session.updated"):

@@ -9,9 +9,12 @@ It behaves like LiveKit's own ``GPTLiveSession`` (docs/protocol.md) where that m
 * the server's transcripts carry no turn boundaries, so a caller's turn starts with its first fragment and ends
   after 800 ms of pushed audio without a new one (final transcript first, then ``input_speech_stopped``);
 * a dropped connection, or a session the server ends, is retried (0.1 s, then ``retry_interval_s`` doubling, at
-  most ``max_retries`` times; a ``session.started`` resets the count); each new session is re-seeded with the
-  conversation so far as ``input``, and ``session_reconnected`` is emitted. After the last attempt, or on a fatal
-  error code (bad key, quota), an unrecoverable error ends the AgentSession.
+  most ``max_retries`` times; a ``session.started`` resets the count), and ``session_reconnected`` is emitted.
+  After a drop the new connection first resumes the same server session with the token of the last
+  ``session.started`` (``session.resume``: its conversation, KV and pending output are still there); when the
+  server refuses that (the grace ran out, or the server ended the session), it starts a new session re-seeded
+  with the conversation so far as ``input``. After the last attempt, or on a fatal error code (bad key, quota),
+  an unrecoverable error ends the AgentSession.
 
 Unlike GPT-Live it delegates nothing (``delegation: client``, no tools) and it does not connect before the
 configuration is complete, so the server never holds an idle socket.
@@ -36,6 +39,7 @@ from livekit import rtc
 from livekit.agents import llm, utils
 
 from livekit_omni.live import wire
+from livekit_omni.live.resume import REFUSALS as RESUME_REFUSALS
 from livekit_omni.plugin.log import logger
 from livekit_omni.plugin.session import (
     AppendKind,
@@ -133,6 +137,12 @@ class RemoteSession(OmniSession):
         self._session_closed = asyncio.Event()
         self._closed_reason = ""
         self._usage_total = 0.0
+        #: The token of the last session.started (None: nothing to resume, the next connection starts afresh).
+        self._resume_token: str | None = None
+        self._resume_refused = asyncio.Event()
+        #: How many times a reconnect resumed the server session (and how many were refused).
+        self.resumes = 0
+        self.resumes_refused = 0
         # Input conversion state (reset per connection: a partial chunk never crosses sessions).
         self._resampler: Resampler | None = None
         self._chunk = np.zeros(INPUT_CHUNK_SAMPLES, dtype=np.int16)
@@ -230,7 +240,7 @@ class RemoteSession(OmniSession):
                 try:
                     ws = await self._connect()
                     if reconnecting:
-                        self._reset_for_reconnect()
+                        self._reset_for_reconnect(resuming=self._resume_token is not None)
                         self.emit("session_reconnected", llm.RealtimeSessionReconnectedEvent())
                     await self._run_ws(ws)
                 except _Fatal as e:
@@ -281,28 +291,36 @@ class RemoteSession(OmniSession):
         self._report_connection_acquired(time.perf_counter() - t0)
         return ws
 
-    def _reset_for_reconnect(self) -> None:
-        # A new connection is a new session, re-seeded from the history; whatever the old one was carrying (a
-        # partial chunk, an open caller turn, usage totals) does not continue. Caller audio queued during the
-        # outage is dropped too: a duplex model hears in real time, and seconds-old speech replayed into the new
-        # session would be taken for a turn the caller is taking now.
+    def _reset_for_reconnect(self, *, resuming: bool) -> None:
+        # What the old connection was carrying (a partial chunk, an open caller turn) does not continue. Caller
+        # audio queued during the outage is dropped too: a duplex model hears in real time, and seconds-old speech
+        # replayed into the session would be taken for a turn the caller is taking now. A resumed session keeps
+        # its id and cumulative usage; a new one (re-seeded from the history) starts both afresh.
         self._input.dropped += self._input.clear()
         self._end_speech("user")
         self._end_speech("assistant")
         self._speech.clear()
         self._resampler = None
         self._chunk_fill = 0
-        self._usage_total = 0.0
-        self._session_id = None
+        if not resuming:
+            self._usage_total = 0.0
+            self._session_id = None
 
     async def _run_ws(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         self._session_started = asyncio.Event()
         self._session_closed = asyncio.Event()
+        self._resume_refused = asyncio.Event()
         self._closed_reason = ""
         try:
             if self._closing:
                 return
-            await self._send(ws, self._session_start_event())
+            token, self._resume_token = self._resume_token, None
+            if token is not None:
+                await self._send(
+                    ws, wire.SessionResume(event_id=utils.shortuuid("session_resume_"), resume_token=token)
+                )
+            else:
+                await self._send(ws, self._session_start_event())
             self._config_sent = True
             recv = asyncio.create_task(self._recv_loop(ws), name="omni.remote.recv")
             send = asyncio.create_task(self._send_loop(ws), name="omni.remote.send")
@@ -335,12 +353,20 @@ class RemoteSession(OmniSession):
 
     async def _send_loop(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         # The protocol wants session.started before any audio or command.
-        started = asyncio.create_task(self._session_started.wait())
-        closing = asyncio.create_task(self._wait_closing())
-        try:
-            await asyncio.wait({started, closing}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            await utils.aio.cancel_and_wait(started, closing)
+        while True:
+            started = asyncio.create_task(self._session_started.wait())
+            closing = asyncio.create_task(self._wait_closing())
+            refused = asyncio.create_task(self._resume_refused.wait())
+            try:
+                await asyncio.wait({started, closing, refused}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                await utils.aio.cancel_and_wait(started, closing, refused)
+            if self._session_started.is_set() or self._closing or not self._resume_refused.is_set():
+                break
+            # The server could not resume the session (it has ended): a new one on this connection, re-seeded.
+            self._resume_refused.clear()
+            self._reset_for_reconnect(resuming=False)
+            await self._send(ws, self._session_start_event())
         if self._session_started.is_set() and self._input_muted:
             # A new session starts unmuted; the mute the app asked for is re-applied before it hears anything.
             await self._send(ws, _mute_command(True))
@@ -416,13 +442,17 @@ class RemoteSession(OmniSession):
             case wire.InputTranscriptDelta():
                 self._on_transcript("user", event)
             case wire.SessionStarted():
+                if event.session.id and event.session.id == self._session_id:
+                    self.resumes += 1
                 self._session_id = event.session.id or self._session_id
+                self._resume_token = event.resume_token
                 self._retries = 0
                 self._session_started.set()
             case wire.UsageUpdated():
                 self._on_usage(event.usage)
             case wire.SessionClosed():
                 self._on_usage(event.usage)
+                self._resume_token = None  # the server ended it: there is nothing to resume
                 self._closed_reason = event.reason
                 self._session_closed.set()
             case wire.Error():
@@ -501,6 +531,14 @@ class RemoteSession(OmniSession):
 
     def _on_error(self, error: wire.ErrorDetail) -> None:
         code, etype = error.code, error.type
+        # A refused session.resume leaves the connection usable for a new session.
+        if code in RESUME_REFUSALS and not self._session_started.is_set():
+            logger.info(
+                "livekit-omni: the server could not resume the session (%s); starting a new one", code
+            )
+            self.resumes_refused += 1
+            self._resume_refused.set()
+            return
         message = f"server error {code or etype}: {error.message}"
         if code in FATAL_ERROR_CODES or etype in FATAL_ERROR_CODES:
             raise _Fatal(message)

@@ -149,6 +149,11 @@ class LiveClient:
             )
         return await self.next_event((wire.SessionStarted, wire.Error), timeout)
 
+    async def resume(self, token: str, *, timeout: float = 15.0) -> wire.SessionStarted | wire.Error:
+        """``session.resume`` with ``token`` → the ``session.started`` of the resumed session (or the refusal)."""
+        await self.send({"type": "session.resume", "event_id": "resume", "resume_token": token})
+        return await self.next_event((wire.SessionStarted, wire.Error), timeout)
+
     async def append_audio(self, raw: bytes, *, bytes_per_100ms: int, realtime: bool = True) -> None:
         """Stream ``raw`` (session format) in 100 ms appends, paced at real time unless ``realtime`` is False."""
         t0 = time.monotonic()
