@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -423,3 +424,43 @@ async def test_the_plugin_starts_afresh_when_the_session_cannot_be_resumed(
         await s.aclose()
         await model.aclose()
         await relay.close()
+
+
+async def test_a_client_that_closes_the_socket_ends_its_session(server: ServerProcess) -> None:
+    """A close frame (1000) is a client leaving on purpose: the session ends at once, nothing is kept."""
+    c1, st1 = await start_session(server)
+    active, opened = engine_counts(server)
+    detached_before = metric(server, "livekit_omni_sessions_detached_total")
+    await c1.ws.close(1000)
+    await until(lambda: engine_counts(server) == (active - 1, opened), 10, "the engine close")
+    assert metric(server, "livekit_omni_sessions_detached_total") == detached_before
+    c2 = await connect(server)
+    try:
+        assert st1.resume_token is not None
+        ev = await c2.resume(st1.resume_token)
+        assert isinstance(ev, wire.Error) and ev.error.code == "resume_token_invalid", ev
+    finally:
+        await c1.close()
+        await c2.close()
+
+
+async def test_the_drain_ends_detached_sessions_at_once() -> None:
+    """SIGTERM with only a detached session: nobody can finish it, so the drain ends it and the server exits
+    long before either grace (drain 60 s, resume 30 s)."""
+    srv = start_server(
+        adapter="loopback",
+        env={"LIVEKIT_OMNI_API_KEYS": json.dumps([API_KEY]), "LIVEKIT_OMNI_DRAIN_GRACE_S": "60"},
+    )
+    try:
+        c1, _ = await start_session(srv)
+        before = metric(srv, "livekit_omni_sessions_detached_total")
+        drop(c1)
+        await detached(srv, before)
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(srv.proc.wait, 25)
+        assert code == 0
+        assert time.monotonic() - t0 < 20, "the drain waited for the detached session"
+        await c1.close()
+    finally:
+        srv.stop()

@@ -30,6 +30,9 @@ OUTBOUND_QUEUE_LIMIT: Final = 512
 START_TIMEOUT_S: Final = 60.0
 #: How long closing waits for queued events to reach the socket.
 FLUSH_TIMEOUT_S: Final = 5.0
+#: A client that closes with these (a close frame: it meant to leave) ends its session. A connection lost without
+#: a close frame (1006: a network drop, a crashed client) or closed with another code detaches it for a resume.
+DELIBERATE_CLOSE_CODES: Final = frozenset({1000, 1001})
 
 
 class WebSocketTransport:
@@ -111,6 +114,7 @@ async def live_websocket(ws: WebSocket) -> None:
     transport = WebSocketTransport(ws)
     session = LiveSession(hub, transport)
     limit = hub.settings.limits.max_message_bytes
+    client_close_code: int | None = None
     try:
         if not key_is_valid(hub.settings, bearer_token(ws.headers)):
             session.state = "closed"
@@ -142,6 +146,7 @@ async def live_websocket(ws: WebSocket) -> None:
             else:
                 msg = await ws.receive()
             if msg["type"] == "websocket.disconnect":
+                client_close_code = msg.get("code")
                 return
             text = msg.get("text")
             data: str | bytes = text if text is not None else (msg.get("bytes") or b"")
@@ -171,5 +176,6 @@ async def live_websocket(ws: WebSocket) -> None:
     finally:
         # Detached for a resume (resume_grace_s), or ended. A client that stopped reading is not kept: what its
         # full queue held is lost, so a resume could not give it the session's output exactly.
-        await session.transport_lost(transport, may_detach=not transport.aborted)
+        deliberate = client_close_code in DELIBERATE_CLOSE_CODES
+        await session.transport_lost(transport, may_detach=not transport.aborted and not deliberate)
         await transport.close(CLOSE_TRY_AGAIN if transport.aborted else 1000)
