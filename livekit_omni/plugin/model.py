@@ -4,7 +4,8 @@
   the same host. Caller audio goes straight into the session's shared-memory ingress ring, answer audio comes out
   of the egress ring paced at 20 ms; only control messages cross the socket. No WebSocket, no base64.
 * **Remote** (``base_url="http://host:8080/v1"``): the OpenAI Live WebSocket of a ``livekit-omni serve`` on another
-  machine, with bounded reconnects that re-seed the new session with the conversation so far (as GPT-Live does).
+  machine, with bounded reconnects that resume the same server session after a dropped connection, or else
+  re-seed a new session with the conversation so far (as GPT-Live does).
 
 ``AgentSession(llm=OmniDuplexModel(...))`` is all an agent needs. The app owns the model: ``AgentSession.aclose()``
 closes only the session, so close the model too (``async with OmniDuplexModel(...) as model:``).
