@@ -90,6 +90,17 @@ class SessionBridge:
         self.player = EgressPlayer(self.session, rate=rate, encoding=encoding)
         return self.player
 
+    def output_at(self, rate: int) -> EgressPlayer:
+        """The PCM16 player at ``rate``: the open one when it plays at that rate (a new WebRTC peer taking the
+        session over keeps its output where it was), else a new one (the old one stops reading the ring first)."""
+        player = self.player
+        if player is not None and player.rate == rate and player.encoding is AudioEncoding.PCM16:
+            return player
+        if player is not None:
+            player.close()
+            self.player = None
+        return self.open_output(rate=rate)
+
     def start(self) -> None:
         """Start the event pump and the keep-alive."""
         if self._tasks or self._closed:

@@ -368,7 +368,9 @@ class WebRTCPeer:
         self.session = session
         self.answer_sdp = ""
         self.codec = ""
-        # A bridge owns the session's writer and player (and closes them); a bare session gets the peer's own.
+        # A bridge owns the session's writer and player (and closes them); a bare session gets the peer's own. So
+        # a bridge's session outlives its peer: a new peer can take it over (a resumed WebRTC session).
+        self._owns_media = not isinstance(session, SessionBridge)
         self.writer = session.writer if isinstance(session, SessionBridge) else IngressWriter(session)
         self.player: EgressPlayer | None = None
         self.track: EgressTrack | None = None
@@ -380,10 +382,14 @@ class WebRTCPeer:
         self._on_output_frame = on_output_frame
         self._max_input_backlog = max_input_backlog
         self._tasks: set[asyncio.Task[None]] = set()
+        #: connectionstatechange handlers in flight (apart from _tasks: a handler may itself close the peer).
+        self._state_tasks: set[asyncio.Future[None]] = set()
         self._outbox: collections.deque[str] = collections.deque()
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(MAX_INBOUND_MESSAGES)
         self._closing: asyncio.Future[None] | None = None
         self.connection_state = "new"
+        #: The connection ended because the network went away (ICE consent expired), not by a close.
+        self.ice_lost = False
         self.created_at = time.monotonic()
         #: Input frames dropped because the consumer lagged; events refused (no room); client messages dropped
         #: (handler backlog full or oversized); events sent; client messages delivered.
@@ -486,9 +492,10 @@ class WebRTCPeer:
             with contextlib.suppress(Exception):
                 await self.pc.close()
         finally:
-            self.writer.close()
-            if self.player is not None:
-                self.player.close()
+            if self._owns_media:
+                self.writer.close()
+                if self.player is not None:
+                    self.player.close()
             self._outbox.clear()
             self.connection_state = "closed"
             self._closing.set_result(None)
@@ -591,8 +598,27 @@ class WebRTCPeer:
             except Exception:
                 log.exception("on_datachannel_message handler failed")
 
-    async def _on_state(self) -> None:
-        state = self.pc.connectionState
+    def _watch_ice_loss(self) -> None:
+        """Tell a lost network from a hang-up. aiortc reports both as "closed": when ICE consent expires (RFC 7675:
+        the far end stopped answering) its ICE connection closes, the DTLS transport over it closes, and the peer
+        connection shuts down before its ICE transport says "failed". A client's own close (a DTLS shutdown)
+        closes the DTLS transport while ICE is still up. So the ICE connection is looked at when DTLS closes."""
+        transports = {t.receiver.transport for t in self.pc.getTransceivers()}
+        if self.pc.sctp is not None:
+            transports.add(self.pc.sctp.transport)
+        for dtls in transports:
+
+            def on_dtls_state(dtls: Any = dtls) -> None:
+                if dtls.state == "closed" and not self.closed:
+                    ice = getattr(dtls.transport, "_connection", None)  # aioice's Connection
+                    if getattr(ice, "_closing", False):
+                        self.ice_lost = True
+
+            dtls.on("statechange", on_dtls_state)
+
+    async def _on_state(self, state: str) -> None:
+        if state == "closed" and self.ice_lost:
+            state = "failed"  # what the standard calls a connection whose ICE consent expired
         self.connection_state = state
         try:
             await _call(self.on_connection_state, state)
@@ -671,8 +697,12 @@ async def answer_offer(
         peer._attach_channel(channel)
 
     @pc.on("connectionstatechange")
-    async def _on_state() -> None:
-        await peer._on_state()
+    def _on_state() -> None:
+        # The state is read now, not when a handler task runs: a failed connection closes right after, and a
+        # handler that read it late would see "closed" twice and never "failed".
+        task = asyncio.ensure_future(peer._on_state(pc.connectionState))
+        peer._state_tasks.add(task)
+        task.add_done_callback(peer._state_tasks.discard)
 
     try:
         try:
@@ -680,6 +710,7 @@ async def answer_offer(
         except Exception as e:  # aiortc raises ValueError/OperationError/InternalError for bad offers
             raise SdpError(f"cannot apply the SDP offer: {e}") from e
         _check_dtls(sdp)
+        peer._watch_ice_loss()
         audio = [t for t in pc.getTransceivers() if t.kind == "audio"]
         if not audio:
             raise SdpError("the SDP offer has no audio section")
@@ -688,7 +719,7 @@ async def answer_offer(
         peer.codec = negotiated_mime(transceiver)
         rate = _output_rate_for(peer.codec)
         peer.player = (
-            session.open_output(rate=rate)
+            session.output_at(rate)
             if isinstance(session, SessionBridge)
             else EgressPlayer(session, rate=rate)
         )

@@ -19,7 +19,9 @@ import signal
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
 from livekit import rtc
@@ -30,6 +32,8 @@ from livekit_omni import OmniDuplexModel
 from livekit_omni.live import wire
 from livekit_omni.plugin.remote import RemoteSession
 from livekit_omni.testing.live_client import LiveClient
+from livekit_omni.testing.webrtc_caller import WebRTCCaller
+from media.webrtc import enable_loopback_ice
 from tests.conftest import ServerProcess, start_server
 
 API_KEY = "sk-resume"
@@ -464,3 +468,116 @@ async def test_the_drain_ends_detached_sessions_at_once() -> None:
         await c1.close()
     finally:
         srv.stop()
+
+
+# --- WebRTC: an ICE failure / consent loss detaches; a new offer with the token re-attaches ----------------------
+
+
+@pytest.fixture(scope="module")
+def webrtc_server() -> Iterator[ServerProcess]:
+    enable_loopback_ice()  # the client side of this process gathers 127.0.0.1 only
+    srv = start_server(
+        adapter="loopback",
+        env={"LIVEKIT_OMNI_API_KEYS": json.dumps([API_KEY]), "LIVEKIT_OMNI_WEBRTC__LOOPBACK_ONLY": "true"},
+    )
+    yield srv
+    srv.stop()
+
+
+def tone48k(seconds: float) -> np.ndarray:
+    t = np.arange(int(seconds * 48000)) / 48000
+    return (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16)
+
+
+async def offer(server: ServerProcess, body: dict[str, object]) -> tuple[int, dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            server.url + "/v1/live/sessions", json=body, headers={"Authorization": f"Bearer {API_KEY}"}
+        ) as r,
+    ):
+        return r.status, await r.json()
+
+
+async def channel_event(caller: WebRTCCaller, type_: str, timeout: float = 10.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        while caller.messages:
+            ev = json.loads(caller.messages.popleft())
+            if ev["type"] == type_:
+                return dict(ev)
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"no {type_} on the data channel")
+
+
+def cut_network(caller: WebRTCCaller) -> None:
+    """The caller's network dies: its ICE sockets close without a word (no DTLS close, no SCTP abort), so the
+    server hears nothing more and its ICE consent checks fail, as when a phone loses its connection."""
+    sctp = caller.pc.sctp
+    assert sctp is not None
+    connection = sctp.transport.transport._connection  # aioice's Connection under the ICE transport
+    for protocol in list(connection._protocols):
+        if protocol.transport is not None:
+            protocol.transport.close()
+
+
+async def test_webrtc_ice_failure_detaches_and_a_new_offer_with_the_token_resumes(
+    webrtc_server: ServerProcess,
+) -> None:
+    srv = webrtc_server
+    first = WebRTCCaller(loop=False)
+    second = WebRTCCaller(np.concatenate([np.zeros(24000, np.int16), tone48k(1.0)]), loop=False)
+    try:
+        status, body = await offer(
+            srv, {"session": {"model": "m"}, "transport": {"type": "webrtc", "sdp": await first.offer()}}
+        )
+        assert status == 200, body
+        sid = body["session"]["id"]
+        await first.accept(body["transport"]["sdp"])
+        await asyncio.wait_for(first.opened.wait(), 10)
+        started = await channel_event(first, "session.started")
+        token = started["resume_token"]
+        assert started["session"]["id"] == sid and isinstance(token, str) and token
+        engine_before = engine_counts(srv)
+        before = metric(srv, "livekit_omni_sessions_detached_total")
+        cut_network(first)
+        # ICE consent expires after about 30 s of silence (aioice: 6 checks, 5 s apart): then "failed".
+        await until(lambda: metric(srv, "livekit_omni_sessions_detached_total") > before, 60, "the detach")
+        assert engine_counts(srv) == engine_before, "the engine session is kept"
+
+        status, body = await offer(
+            srv, {"resume_token": token, "transport": {"type": "webrtc", "sdp": await second.offer()}}
+        )
+        assert status == 200, body
+        assert body["session"]["id"] == sid
+        await second.accept(body["transport"]["sdp"])
+        await asyncio.wait_for(second.opened.wait(), 10)
+        again = await channel_event(second, "session.started")
+        assert again["session"]["id"] == sid and again["resume_token"] not in (None, token)
+        # The same engine session hears the new peer: its echo comes back on the new track.
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            pcm = second.received_audio()
+            if second.rate and energy(pcm) >= 0.5 * energy(tone48k(1.0)):
+                break
+        assert energy(second.received_audio()) >= 0.5 * energy(tone48k(1.0)), "no echo after the resume"
+        assert engine_counts(srv) == engine_before
+        # The spent token is refused, typed.
+        third = WebRTCCaller(loop=False)
+        try:
+            status, body = await offer(
+                srv, {"resume_token": token, "transport": {"type": "webrtc", "sdp": await third.offer()}}
+            )
+            assert status == 400 and body["error"]["code"] == "resume_token_used", body
+        finally:
+            await third.close()
+        second.send(json.dumps({"type": "session.close", "event_id": "bye"}))
+        closed = await channel_event(second, "session.closed")
+        assert closed["session"]["id"] == sid
+        await until(
+            lambda: engine_counts(srv) == (engine_before[0] - 1, engine_before[1]), 10, "the engine close"
+        )
+    finally:
+        await first.close()
+        await second.close()

@@ -71,7 +71,7 @@ SILENCE_CHUNK_FRAMES: Final = 5
 #: Commands to the engine that do not answer within this are reported as an error (the session goes on).
 ENGINE_REQUEST_TIMEOUT_S: Final = 5.0
 #: Transports whose sessions survive a dropped connection (``resume_grace_s``).
-RESUMABLE_TRANSPORTS: Final = frozenset({"websocket"})
+RESUMABLE_TRANSPORTS: Final = frozenset({"websocket", "webrtc"})
 
 
 class Transport(Protocol):

@@ -28,7 +28,8 @@ from starlette.responses import JSONResponse, Response
 
 from livekit_omni.drain import DRAINING_CODE, DRAINING_MESSAGE, Drain
 from livekit_omni.live import wire
-from livekit_omni.live.session import CLOSE_TRY_AGAIN, LiveSession, hub_of
+from livekit_omni.live.resume import TOKEN_INVALID, TRANSPORT_MISMATCH
+from livekit_omni.live.session import CLOSE_TRY_AGAIN, LiveHub, LiveSession, hub_of
 from media.webrtc import MAX_DATACHANNEL_BUFFERED, SdpError, WebRTCPeer, answer_offer
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,11 @@ class _Transport(msgspec.Struct, kw_only=True):
 
 
 class _CreateBody(msgspec.Struct, kw_only=True):
-    session: wire.StartConfig
+    #: Required for a new session; with ``resume_token`` (an extension) the offer re-attaches to a session whose
+    #: peer connection failed, and ``session`` is ignored.
+    session: wire.StartConfig | None = None
     transport: _Transport
+    resume_token: str | None = None
 
 
 _body_decoder: Final = msgspec.json.Decoder(_CreateBody)
@@ -167,6 +171,10 @@ async def create_webrtc_session(request: Request) -> Response:
         return _error(400, "invalid_value", "transport.type must be webrtc")
     if len(req.transport.sdp.encode()) > max_sdp:
         return _error(400, "sdp_too_large", f"the SDP offer is limited to {max_sdp} bytes")
+    if req.resume_token is not None:
+        return await _resume_webrtc_session(hub, req.resume_token, req.transport.sdp)
+    if req.session is None:
+        return _error(400, "missing_required_parameter", "session is required (or resume_token)")
     if req.session.audio is not None and req.session.audio.format is not None:
         return _error(400, "unsupported_parameter", "session.audio.format is negotiated by WebRTC; omit it")
     try:
@@ -177,11 +185,6 @@ async def create_webrtc_session(request: Request) -> Response:
 
     transport = DataChannelTransport()
     live = LiveSession(hub, transport, accepts_start=False)
-
-    def on_stalled() -> None:
-        live.spawn(live.end(None, code=CLOSE_TRY_AGAIN, notify=False))
-
-    transport.on_stalled = on_stalled
     if cfg.client is not None:
         dc = cfg.client.data_channel
         if isinstance(dc.allowed_client_events, list):
@@ -199,28 +202,8 @@ async def create_webrtc_session(request: Request) -> Response:
         return _error(status, e.code, e.message, type=e.type)
     assert live.bridge is not None
 
-    async def on_state(state: str) -> None:
-        if state in ("failed", "closed"):
-            await live.transport_closed()
-
-    def on_input_frame(frame: Any) -> None:
-        hub.metrics.audio_in_seconds.inc(frame.samples / frame.sample_rate)
-
-    def on_datachannel_error(code: str, message: str) -> None:
-        live.emit(wire.error_event(code, message))
-
     try:
-        peer = await answer_offer(
-            req.transport.sdp,
-            live.bridge,
-            ice_servers=ice_servers(settings.webrtc.ice_servers),
-            loopback_only=True if settings.webrtc.loopback_only else None,
-            on_datachannel_message=live.handle_text,
-            on_connection_state=on_state,
-            on_output_frame=live.on_output_frame,
-            on_input_frame=on_input_frame,
-            on_datachannel_error=on_datachannel_error,
-        )
+        peer = await _answer(live, transport, req.transport.sdp)
     except SdpError as e:
         await live.transport_closed()
         return _error(400, "invalid_sdp", str(e))
@@ -228,12 +211,7 @@ async def create_webrtc_session(request: Request) -> Response:
         log.exception("webrtc: answering the offer failed")
         await live.transport_closed()
         return _error(500, "internal_error", f"could not answer the offer: {e}", type=wire.SERVER_ERROR)
-    transport.peer = peer
-    if peer.player is not None:
-        overlay = live.attach_player(peer.player)
-        if peer.track is not None:
-            # The track pulls frames from the overlay, so fixtures play over WebRTC too.
-            peer.track.player = overlay  # type: ignore[assignment]
+    _use_peer(live, transport, peer)
     # Queued by the peer until the client's data channel opens, then sent first.
     live.announce()
     live.spawn(
@@ -245,4 +223,95 @@ async def create_webrtc_session(request: Request) -> Response:
         )
     )
     log.info("webrtc session %s: codec %s", live.id, peer.codec)
+    return JSONResponse({"session": {"id": live.id}, "transport": {"type": "webrtc", "sdp": peer.answer_sdp}})
+
+
+async def _answer(live: LiveSession, transport: DataChannelTransport, sdp: str) -> WebRTCPeer:
+    """Answer ``sdp`` for ``live``'s engine session, with ``transport`` as the peer's way to the session."""
+    hub, settings = live.hub, live.settings
+    assert live.bridge is not None
+
+    async def on_state(state: str) -> None:
+        # An ICE failure or consent loss ("failed") detaches the session for a resume (resume_grace_s); a peer
+        # connection the client closed ("closed") ends it.
+        if state == "failed":
+            await live.transport_lost(transport)
+        elif state == "closed":
+            await live.transport_lost(transport, may_detach=False)
+
+    def on_input_frame(frame: Any) -> None:
+        hub.metrics.audio_in_seconds.inc(frame.samples / frame.sample_rate)
+
+    def on_datachannel_error(code: str, message: str) -> None:
+        live.emit(wire.error_event(code, message))
+
+    def on_stalled() -> None:
+        live.spawn(live.end(None, code=CLOSE_TRY_AGAIN, notify=False))
+
+    transport.on_stalled = on_stalled
+    return await answer_offer(
+        sdp,
+        live.bridge,
+        ice_servers=ice_servers(settings.webrtc.ice_servers),
+        loopback_only=True if settings.webrtc.loopback_only else None,
+        on_datachannel_message=live.handle_text,
+        on_connection_state=on_state,
+        on_output_frame=live.on_output_frame,
+        on_input_frame=on_input_frame,
+        on_datachannel_error=on_datachannel_error,
+    )
+
+
+def _use_peer(live: LiveSession, transport: DataChannelTransport, peer: WebRTCPeer) -> None:
+    transport.peer = peer
+    if peer.player is not None:
+        overlay = live.attach_player(peer.player)
+        if peer.track is not None:
+            # The track pulls frames from the overlay, so fixtures play over WebRTC too.
+            peer.track.player = overlay  # type: ignore[assignment]
+
+
+async def _resume_webrtc_session(hub: LiveHub, token: str, sdp: str) -> Response:
+    """A new offer with a resume token: a new peer for the token's detached session (docs/protocol.md, Resume).
+    The token is spent only once the offer is answered, so a bad offer leaves it usable."""
+    live = hub.resume_tokens.peek(token)
+    if live is not None and live.transport.kind != DataChannelTransport.kind:
+        return _error(400, TRANSPORT_MISMATCH, "this token resumes a WebSocket session; resume it there")
+    if live is None or live.bridge is None:
+        try:
+            hub.resume_tokens.take(token)  # raises the typed refusal (used, or invalid)
+        except wire.WireError as e:
+            hub.metrics.resume_refused.labels(code=e.code).inc()
+            return _error(400, e.code, e.message)
+        return _error(400, TOKEN_INVALID, "no session to resume with this token")
+    transport = DataChannelTransport()
+    try:
+        peer = await _answer(live, transport, sdp)
+    except SdpError as e:
+        return _error(400, "invalid_sdp", str(e))
+    except Exception as e:
+        log.exception("webrtc: answering the resume offer failed")
+        return _error(500, "internal_error", f"could not answer the offer: {e}", type=wire.SERVER_ERROR)
+    try:
+        if hub.resume_tokens.take(token) is not live or live.state != "active":
+            raise wire.WireError(TOKEN_INVALID, "the session has ended", param="resume_token")
+    except wire.WireError as e:  # another offer took it, or the session ended, while this one was answered
+        await peer.close()
+        hub.metrics.resume_refused.labels(code=e.code).inc()
+        return _error(400, e.code, e.message)
+    _use_peer(live, transport, peer)
+    # session.started (same id, a fresh token) and the kept events: queued until the new data channel opens.
+    await live.attach(transport)
+    settings = hub.settings
+    live.spawn(
+        connect_deadline(
+            peer,
+            settings.limits.webrtc_connect_timeout_s,
+            live.id,
+            lambda: live.transport_lost(
+                transport
+            ),  # never connected: detached again, for the rest of a grace
+        )
+    )
+    log.info("webrtc session %s: resumed, codec %s", live.id, peer.codec)
     return JSONResponse({"session": {"id": live.id}, "transport": {"type": "webrtc", "sdp": peer.answer_sdp}})
