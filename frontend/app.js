@@ -302,6 +302,7 @@ const test = {
   timeline: null, // {t0, dt, local: number[], remote: number[]}
   capture: null, // {rate, frame0, chunks: Int16Array[], samples}
   connectedAt: null,
+  resumes: 0, // sessions resumed after a lost connection
 };
 /** The call in progress: {client, mic, ctx, node, tracker, userClosed} */
 let call = null;
@@ -483,11 +484,8 @@ async function connect() {
     lastTracker = tracker;
     audio = await startAudio(mic, tracker);
     setStatus("connecting", "Connecting…");
-    client.addEventListener("track", (e) => onRemoteStream(e.detail, audio));
-    client.addEventListener("event", (e) => onServerEvent(e.detail));
-    client.addEventListener("state", (e) => onConnectionState(e.detail));
-    client.addEventListener("closed", (e) => onClosed(e.detail.reason));
-    call = { client, mic, ...audio, tracker, userClosed: false };
+    listen(client, audio);
+    call = { client, mic, ...audio, tracker, userClosed: false, resuming: false };
     const started = await client.connect(mic.getAudioTracks()[0]);
     test.connectedAt = audio.ctx.currentTime;
     rememberKey();
@@ -513,6 +511,40 @@ async function connect() {
     setControls(Boolean(call));
     // After setControls: the field is disabled while connecting, and a disabled field takes no focus.
     if (focusKey) ui.apiKey.focus();
+  }
+}
+
+function listen(client, audio) {
+  client.addEventListener("track", (e) => onRemoteStream(e.detail, audio));
+  client.addEventListener("event", (e) => onServerEvent(e.detail));
+  client.addEventListener("state", (e) => onConnectionState(e.detail));
+  client.addEventListener("closed", (e) => onClosed(e.detail.reason));
+}
+
+/**
+ * The connection failed (ICE) but the server keeps the session for a while: offer again with its resume token,
+ * keeping the microphone and the audio graph. The same session goes on (its conversation and what the model was
+ * saying); no history needs re-sending. If the server cannot resume it, the call ends as before.
+ */
+async function resumeCall(current) {
+  const lost = current.client;
+  current.resuming = true;
+  setStatus("connecting", "Connection lost — resuming the session…");
+  transcript.marker("resume", "Connection lost; resuming the same session…");
+  const client = new LiveClient({ apiKey: lost.apiKey, iceServers: lost.iceServers, model: lost.model });
+  listen(client, current);
+  current.client = client;
+  try {
+    const started = await client.connect(current.mic.getAudioTracks()[0], { resumeToken: lost.resumeToken });
+    current.resuming = false;
+    test.resumes += 1;
+    const id = started.session?.id ?? client.sessionId ?? "";
+    setStatus("live", "Connected — speak any time");
+    ui.sessionInfo.textContent = id ? `session ${id}` : "";
+    transcript.marker("resume", "Resumed.");
+  } catch (e) {
+    current.resuming = false;
+    onClosed(current.userClosed ? "close_requested" : "resume_failed");
   }
 }
 
@@ -575,6 +607,12 @@ function onConnectionState(state) {
 }
 
 function onClosed(reason) {
+  // A lost connection (ICE failed, or the channel dropped without session.closed) with a session to resume.
+  const lost = reason === "connection_failed" || reason === "data_channel_closed";
+  if (lost && call && !call.userClosed && !call.resuming && call.client.resumeToken) {
+    resumeCall(call);
+    return;
+  }
   const userClosed = call?.userClosed;
   stopMedia(call?.mic, call);
   call = null;
@@ -588,6 +626,7 @@ function onClosed(reason) {
   }
   const why = {
     connection_failed: "The connection was lost.",
+    resume_failed: "The connection was lost, and the session could not be resumed.",
     data_channel_closed: "The server closed the connection.",
     expired: "The session reached its time limit.",
     connection_lost: "The server ended the session (connection lost).",

@@ -5,6 +5,11 @@
 //   2. server events arrive as JSON text on the data channel "oai-events", `session.started` first;
 //      the client never sends `session.start` there.
 //
+//   Resume (docs/protocol.md, Resume): `session.started` carries a single-use `resume_token`. After the
+//   connection fails (ICE), the server keeps the session for a grace period; a new offer with
+//   {resume_token, transport} instead of {session, transport} re-attaches to it, and its `session.started`
+//   carries the next token.
+//
 // Audio goes both ways on one sendrecv audio transceiver. ICE is non-trickle: the offer is sent once
 // gathering is complete (or after a timeout with what has been gathered), which costs ~120 ms and needs no
 // trickle endpoint on the server.
@@ -101,6 +106,8 @@ export class LiveClient extends EventTarget {
     this.transceiver = null;
     this.channel = null;
     this.sessionId = null;
+    /** The token of the last `session.started`, for resuming this session on a new connection. */
+    this.resumeToken = null;
     this.started = false;
     this.closed = false;
     this._closedSeen = null;
@@ -123,11 +130,13 @@ export class LiveClient extends EventTarget {
 
   /**
    * Offer the microphone track, get the answer, and resolve once `session.started` has arrived.
+   * With `resumeToken` (an earlier client's `resumeToken`) the offer resumes that session instead of starting one.
    * @param {MediaStreamTrack} micTrack
+   * @param {{resumeToken?: string|null}} [options]
    * @returns {Promise<object>} the `session.started` event
    */
-  async connect(micTrack) {
-    const model = await this.resolveModel();
+  async connect(micTrack, { resumeToken = null } = {}) {
+    const model = resumeToken ? null : await this.resolveModel();
     const pc = new RTCPeerConnection({ iceServers: this.iceServers });
     this.pc = pc;
     this.transceiver = pc.addTransceiver(micTrack, { direction: "sendrecv" });
@@ -170,10 +179,11 @@ export class LiveClient extends EventTarget {
       response = await fetch(`${this.baseUrl}/v1/live/sessions`, {
         method: "POST",
         headers: { "Content-Type": "application/json", ...authHeaders(this.apiKey) },
-        body: JSON.stringify({
-          session: { model },
-          transport: { type: "webrtc", sdp: pc.localDescription.sdp },
-        }),
+        body: JSON.stringify(
+          resumeToken
+            ? { resume_token: resumeToken, transport: { type: "webrtc", sdp: pc.localDescription.sdp } }
+            : { session: { model }, transport: { type: "webrtc", sdp: pc.localDescription.sdp } },
+        ),
       });
     } catch (e) {
       this._teardown();
@@ -211,10 +221,12 @@ export class LiveClient extends EventTarget {
     if (ev.type === "session.started") {
       this.started = true;
       if (ev.session?.id) this.sessionId = ev.session.id;
+      if (typeof ev.resume_token === "string") this.resumeToken = ev.resume_token;
       this._onStarted?.(ev);
     }
     this.dispatchEvent(new CustomEvent("event", { detail: ev }));
     if (ev.type === "session.closed") {
+      this.resumeToken = null; // the server ended it: nothing to resume
       this._closedSeen?.();
       this._finish(ev.reason || "closed");
     }
