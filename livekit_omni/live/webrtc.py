@@ -219,7 +219,9 @@ async def create_webrtc_session(request: Request) -> Response:
             peer,
             settings.limits.webrtc_connect_timeout_s,
             live.id,
-            lambda: live.end(None, code=CLOSE_TRY_AGAIN, notify=False),
+            # Only while this peer is still the session's: one that connected, failed and was replaced by a
+            # resume (or is detached) must not end the session when its deadline comes.
+            lambda: live.transport_lost(transport, may_detach=False),
         )
     )
     log.info("webrtc session %s: codec %s", live.id, peer.codec)
