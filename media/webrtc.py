@@ -606,7 +606,7 @@ class WebRTCPeer:
         transports = {t.receiver.transport for t in self.pc.getTransceivers()}
         if self.pc.sctp is not None:
             transports.add(self.pc.sctp.transport)
-        for dtls in transports:
+        for dtls in transports - {None}:  # a mutated offer can leave a section without a transport
 
             def on_dtls_state(dtls: Any = dtls) -> None:
                 if dtls.state == "closed" and not self.closed:
