@@ -706,3 +706,62 @@ def test_auto_reply_off_transcribes_turns_without_replying(make_call: Callable[.
     call.post(TextAppend("respond", "", 0))
     call.drain()
     assert call.of(p.ReplyStarted)
+
+
+# ------------------------------------------------------------------------------------------- the barge-in duck
+def _feed_watching_gain(call: Call, pcm: npt.NDArray[np.int16]) -> list[tuple[int, float, int]]:
+    """Feed 20 ms frames; after each, the media plane's view: (stream ms, the ring's gain word, its epoch)."""
+    seen = []
+    eg = call.session.rings.egress
+    for i in range(0, pcm.shape[0], INPUT_FRAME_SAMPLES):
+        call.feed(pcm[i : i + INPUT_FRAME_SAMPLES])
+        seen.append(((i + INPUT_FRAME_SAMPLES) // 16, eg.gain, eg.epoch))
+    return seen
+
+
+def test_caller_sound_over_the_model_ducks_it_at_once_and_a_backchannel_restores_it(
+    make_call: Callable[..., Call],
+) -> None:
+    call = make_call()
+    _model_speaking(call)
+    epoch = call.session.epoch
+    tt = call.adapter.settings.turn_taking
+    duck_gain = 10 ** (-tt.duck_db / 20)
+    seen = _feed_watching_gain(call, np.concatenate([silence(300), caller_audio(80), silence(700)]))
+    ducked = [t for t, g, _ in seen if g <= duck_gain + 1e-4]
+    assert ducked, seen
+    # Ducked within a frame of the onset minimum (the sound starts at 300 ms), long before any barge-in could.
+    assert ducked[0] <= 300 + tt.duck_onset_ms + 20 < 300 + tt.barge_in_min_ms
+    # The level comes back after the release silence from the VAD's last speech frame, before the turn's
+    # endpoint (``silence_ms`` of silence) ...
+    (endpoint,) = [m for m in call.take_posted() if isinstance(m, Endpoint)]
+    last_voice = endpoint.ev.end_ms
+    restored = [t for t, g, _ in seen if t > ducked[0] and g == 1.0]
+    assert restored, seen
+    assert last_voice + tt.duck_release_ms <= restored[0] <= last_voice + tt.duck_release_ms + 20
+    assert restored[0] < last_voice + tt.silence_ms
+    # ... with no flush: the model's answer plays on.
+    assert all(e == epoch for _, _, e in seen)
+    assert call.session.stats.extra["ducks"] == 1 and call.session.stats.extra["duck_releases"] == 1
+
+
+def test_a_barge_in_lifts_the_duck_only_after_the_epoch_flush(make_call: Callable[..., Call]) -> None:
+    call = make_call(["stop"])
+    r = _model_speaking(call)
+    tt = call.adapter.settings.turn_taking
+    seen = _feed_watching_gain(call, np.concatenate([silence(300), caller_audio(1000)]))
+    first_duck = next(t for t, g, _ in seen if g < 1.0)
+    bump = next(t for t, _, e in seen if e > r.epoch)
+    assert first_duck <= 300 + tt.duck_onset_ms + 20 and bump >= 300 + tt.barge_in_min_ms
+    # Ducked from the first frames to the flush; never full level with the old epoch after the duck began.
+    assert all(g < 1.0 for t, g, e in seen if first_duck <= t < bump)
+    assert not [t for t, g, e in seen if t >= first_duck and g == 1.0 and e == r.epoch]
+    assert all(g == 1.0 for t, g, e in seen if t >= bump), "the next reply plays at full level"
+    assert "duck_releases" not in call.session.stats.extra  # lifted by the flush, not as a backchannel
+
+
+def test_caller_speech_while_the_model_is_silent_ducks_nothing(make_call: Callable[..., Call]) -> None:
+    call = make_call()
+    seen = _feed_watching_gain(call, np.concatenate([silence(300), caller_audio(600), silence(200)]))
+    assert all(g == 1.0 for _, g, _ in seen)
+    assert "ducks" not in call.session.stats.extra

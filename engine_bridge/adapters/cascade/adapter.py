@@ -37,7 +37,13 @@ import numpy.typing as npt
 from engine_bridge import protocol as p
 from engine_bridge.adapters.base import AdapterCaps, ModelAdapter
 from engine_bridge.adapters.cascade.text import TEXT_SID_PREFIX, TextCompletions
-from engine_bridge.adapters.cascade.turns import CascadeSessionState, TurnMachine, cascade_state, watch_audio
+from engine_bridge.adapters.cascade.turns import (
+    CascadeSessionState,
+    DuckPolicy,
+    TurnMachine,
+    cascade_state,
+    watch_audio,
+)
 from engine_bridge.adapters.cascade.workers import AsrWorker, TtsWorker
 from engine_bridge.config import EngineSettings
 from engine_bridge.devices import onnx_providers, resolve_device
@@ -181,7 +187,11 @@ class CascadeAdapter(ModelAdapter):
         auto_reply = session.config.turn_taking.auto_reply is not False
         if not auto_reply:
             spec = 0  # no reply to start early: every turn is transcribed once, at its endpoint
-        self.machine.open(session, CascadeSessionState(TurnDetector(vs), barge, spec, auto_reply=auto_reply))
+        tt = self.settings.turn_taking
+        duck = DuckPolicy.from_db(tt.duck_db, tt.duck_onset_ms, tt.duck_release_ms)
+        self.machine.open(
+            session, CascadeSessionState(TurnDetector(vs), barge, spec, auto_reply=auto_reply, duck=duck)
+        )
         self._refresh_kv()
 
     def close(self, session: DuplexSession) -> None:

@@ -87,6 +87,25 @@ class Overlap(enum.Enum):
     BARGED = "barged"
 
 
+@dataclass(frozen=True, slots=True)
+class DuckPolicy:
+    """The barge-in duck: caller sound over model speech lowers the model's output (the egress ring's gain word,
+    applied by the media plane at its next frame) after ``onset_ms`` of speech frames, long before the barge-in
+    minimum decides; the barge-in then flushes, or ``release_ms`` of silence without one restores the level."""
+
+    gain: float = 1.0  # 1.0: no duck
+    onset_ms: int = 40
+    release_ms: int = 160
+
+    @classmethod
+    def from_db(cls, db: float, onset_ms: int, release_ms: int) -> DuckPolicy:
+        return cls(10.0 ** (-db / 20.0) if db > 0 else 1.0, onset_ms, release_ms)
+
+    @property
+    def enabled(self) -> bool:
+        return self.gain < 1.0
+
+
 @dataclass(slots=True)
 class CallerTurnWatch:
     """Audio-thread state of the caller's current turn."""
@@ -94,6 +113,9 @@ class CallerTurnWatch:
     overlap: Overlap = Overlap.CLEAR
     #: End of the audio posted for speculative ASR in this turn, or None while no speculation is out.
     speculated_to_ms: int | None = None
+    #: The model's output is ducked (see :class:`DuckPolicy`); the stream position of the last speech frame.
+    ducked: bool = False
+    voice_at_ms: int = 0
 
 
 class TurnPhase(enum.IntEnum):
@@ -153,6 +175,7 @@ class CascadeSessionState(AdapterState):
     speculative_ms: int
     #: False: caller turns join the conversation without a reply (the client asks for replies).
     auto_reply: bool = True
+    duck: DuckPolicy = field(default_factory=DuckPolicy)
     #: Audio thread only.
     watch: CallerTurnWatch = field(default_factory=CallerTurnWatch)
     # --- scheduler thread only ---
@@ -214,7 +237,30 @@ def watch_audio(
             w.overlap = Overlap.BARGED
             epoch = session.bump_epoch()
             posted.append(BargeInHeard(epoch, det.position_ms, time.monotonic()))
+    if st.duck.enabled:
+        _duck(session, st.duck, det, w)
     return posted
+
+
+def _duck(session: DuplexSession, policy: DuckPolicy, det: TurnDetector, w: CallerTurnWatch) -> None:
+    """Lower the model's output at the first frames of caller sound over it; lift it after a barge-in (the epoch
+    is already bumped: the media plane reads the gain before the epoch) or after a silence that ended no turn."""
+    voiced_ms = det.run_ms or (det.speech_ms if det.silence_ms_so_far == 0 else 0)
+    if voiced_ms:
+        w.voice_at_ms = det.position_ms
+    barged = det.in_speech and w.overlap is Overlap.BARGED  # this turn's barge-in (not the previous turn's)
+    if w.ducked:
+        if barged:
+            w.ducked = False
+            session.rings.egress.set_gain(1.0)
+        elif det.position_ms - w.voice_at_ms >= policy.release_ms:
+            w.ducked = False
+            session.rings.egress.set_gain(1.0)
+            session.stats.extra["duck_releases"] = session.stats.extra.get("duck_releases", 0) + 1
+    elif voiced_ms >= policy.onset_ms and not barged and session.model_audible():
+        w.ducked = True
+        session.rings.egress.set_gain(policy.gain)
+        session.stats.extra["ducks"] = session.stats.extra.get("ducks", 0) + 1
 
 
 # --- scheduler thread -------------------------------------------------------------------------------------------
