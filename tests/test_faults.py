@@ -247,3 +247,120 @@ async def test_a_client_that_stops_reading_is_dropped_with_1013(server: ServerPr
     finally:
         await stuck.close()
         await other.close()
+
+
+# --- 4. a caller that vanishes mid-reply ------------------------------------------------------------------------
+
+
+async def test_a_caller_that_vanishes_mid_reply_frees_its_session(server: ServerProcess) -> None:
+    """The caller's socket is reset (no close frame, no session.close) while the model is speaking (the echo is
+    playing): the engine session is closed, its ring segments go, and the server serves the next caller.
+
+    No session resume exists yet: a dropped transport ends the engine session at once. Once resume lands, a dropped
+    connection keeps its engine session for a grace period; this test must then set that grace to 0 (or wait it
+    out) before asserting the close."""
+    await ensure_running(server)
+    await wait_engine_idle(server, timeout=60)
+    server_pid = server.proc.pid
+    before = segments_of(server_pid)
+    c = await LiveClient.connect(server.url)
+    send_task: asyncio.Task[None] | None = None
+    try:
+        assert isinstance(await c.start(), wire.SessionStarted)
+        assert len(segments_of(server_pid) - before) == 2
+        send_task = asyncio.create_task(c.append_audio(tone(3.0), bytes_per_100ms=4800))
+
+        def speaking() -> bool:
+            out = np.frombuffer(bytes(c.audio[-4800:]), dtype="<i2")
+            return out.size > 0 and int(np.abs(out).max()) > 4000
+
+        await wait_for(speaking, "the echo to play", 10, poll=0.02)
+        # Vanish: SO_LINGER 0 makes close() send a TCP reset; nothing else goes out.
+        sock = c.ws.transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        send_task.cancel()
+        c.ws.transport.abort()
+    finally:
+        if send_task is not None:
+            send_task.cancel()
+        await c.close()
+    await wait_engine_idle(server, timeout=15)
+    await wait_for(lambda: not (segments_of(server_pid) - before), "the session's segments to go", 15)
+    assert metric(server, "livekit_omni_active_sessions", 'transport="websocket"') == 0
+    code, body = await asyncio.to_thread(server.health)
+    assert code == 200 and body["status"] == "ok", body
+    # The next caller is served.
+    c = await LiveClient.connect(server.url)
+    try:
+        assert isinstance(await c.start(), wire.SessionStarted)
+        await c.append_audio(tone(0.4) + bytes(4800 * 4), bytes_per_100ms=4800)
+        assert np.abs(np.frombuffer(bytes(c.audio), dtype="<i2")).max() > 4000
+        await c.send({"type": "session.close"})
+        assert (await c.next_event(wire.SessionClosed)).reason == "close_requested"
+    finally:
+        await c.close()
+
+
+# --- 5. ring overrun under a stalled engine ---------------------------------------------------------------------
+
+
+async def test_a_stalled_engine_overruns_the_ingress_ring_then_the_session_recovers(
+    server: ServerProcess,
+) -> None:
+    """SIGSTOP the engine while the caller streams at real time. The ingress ring (4 s here) fills; the ring never
+    overwrites, so the newest audio is refused and counted (/metrics), the server's memory does not grow, and the
+    session stays open. After SIGCONT the engine drains the ring and a tone spoken then is echoed back."""
+    await ensure_running(server)
+    await wait_engine_idle(server, timeout=60)
+    proc = psutil.Process(server.proc.pid)
+    engine_pid = server.engine_pid()
+    overruns0 = metric(server, "livekit_omni_ingress_overruns_total")
+    dropped0 = metric(server, "livekit_omni_ingress_dropped_seconds_total")
+    c = await LiveClient.connect(server.url)
+    stopped = False
+    try:
+        assert isinstance(await c.start(), wire.SessionStarted)
+        await c.append_audio(bytes(4800 * 5), bytes_per_100ms=4800)  # the session runs
+        rss0 = proc.memory_info().rss
+        os.kill(engine_pid, signal.SIGSTOP)
+        stopped = True
+        stall_s = INGRESS_RING_S + 3.0
+        await c.append_audio(bytes(int(4800 * stall_s * 10)), bytes_per_100ms=4800)  # real time, silence
+        overruns = metric(server, "livekit_omni_ingress_overruns_total") - overruns0
+        dropped_s = metric(server, "livekit_omni_ingress_dropped_seconds_total") - dropped0
+        rss_growth = proc.memory_info().rss - rss0
+        # What did not fit: the stall minus the ring, in 20 ms pieces (loose bounds: the ring held some audio when
+        # the stall began, and appends on a loaded machine arrive late).
+        assert 1.0 <= dropped_s <= stall_s - INGRESS_RING_S + 1.0, dropped_s
+        assert overruns == pytest.approx(dropped_s / 0.02, abs=2), (overruns, dropped_s)
+        assert rss_growth < 20e6, rss_growth
+        assert not c.closed.is_set() and not c.of(wire.Error), c.events
+        assert c.of(wire.SessionClosed) == []
+
+        os.kill(engine_pid, signal.SIGCONT)
+        stopped = False
+        # The engine drains the backlog (stale silence) and goes on: a tone now comes back.
+        heard_from = len(c.audio)
+        await c.append_audio(tone(0.5), bytes_per_100ms=4800)
+
+        def echoed() -> bool:
+            out = np.frombuffer(bytes(c.audio[heard_from:]), dtype="<i2")
+            return out.size > 0 and int(np.abs(out).max()) > 4000
+
+        async def keep_streaming() -> None:
+            while True:
+                await c.append_audio(bytes(4800), bytes_per_100ms=4800)
+
+        feeder = asyncio.create_task(keep_streaming())
+        try:
+            await wait_for(echoed, "the tone's echo after the stall", timeout=20, poll=0.05)
+        finally:
+            feeder.cancel()
+        assert server.engine_pid() == engine_pid  # the same engine: nothing was restarted
+        assert not c.of(wire.Error), c.of(wire.Error)
+        await c.send({"type": "session.close"})
+        assert (await c.next_event(wire.SessionClosed)).reason == "close_requested"
+    finally:
+        if stopped:
+            os.kill(engine_pid, signal.SIGCONT)
+        await c.close()
