@@ -3,13 +3,12 @@ that vanishes mid-reply, and the engine stalled (SIGSTOP) while a caller streams
 
 One loopback server for the module (the echo *test fixture* engine: none of this needs speech, and the echo is
 what shows a call works). Tests that kill or stall the engine wait for the server to be ready again first.
-The browser variant of the engine kill is in tests/test_browser_e2e.py.
+The browser call runs the frontend page in headless Chromium (tests/browser.py), its microphone a tone file.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import signal
@@ -18,19 +17,24 @@ import struct
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
 import pytest
 import websockets
+from selenium.webdriver.remote.webdriver import WebDriver
 
 from engine_bridge.ring import SEGMENT_PREFIX, SHM_DIR
 from livekit_omni.live import wire
 from livekit_omni.testing.live_client import LiveClient
 from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from media.webrtc import enable_loopback_ice
+from tests.browser import launch_chromium, page_call, wait_until
 from tests.conftest import ServerProcess, start_server
+from tests.speech_fixtures import write_wav
+from tests.test_browser_e2e import Timeline, connect, hang_up, notice, open_page
 from tests.test_live_lifecycle import tone, wait_engine_idle
 from tests.test_live_webrtc import loud_frames, next_message, post, tone48k
 
@@ -101,7 +105,7 @@ def metric(server: ServerProcess, name: str, labels: str = "") -> float:
 
 async def ensure_running(server: ServerProcess) -> None:
     """A test that failed while the engine was stopped must not leave it stopped for the next one."""
-    code, body = await asyncio.to_thread(server.health)
+    _, body = await asyncio.to_thread(server.health)
     pid = body.get("engine", {}).get("pid")
     if pid:
         try:
@@ -181,6 +185,73 @@ async def test_engine_killed_during_a_webrtc_call(server: ServerProcess) -> None
     await wait_for(lambda: not (segments_of(server_pid) - before), "the second call's segments to go", 15)
 
 
+# --- 2. engine kill -9 during a browser call --------------------------------------------------------------------
+
+
+def _remote_loud(driver: WebDriver) -> bool:
+    """The page's received-audio timeline of this call has the echoed tone in it."""
+    tl = Timeline.pull(driver)
+    return bool(tl.remote.size and tl.remote.max() > -30)
+
+
+def _wait_new_engine_sync(server: ServerProcess, old_pid: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        code, body = server.health()
+        eng = body.get("engine", {})
+        if code == 200 and eng.get("pid") not in (None, old_pid) and eng.get("active_sessions") == 0:
+            return
+        assert time.monotonic() < deadline, f"no new idle engine: {body}"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_engine_killed_during_a_browser_call(server: ServerProcess, output_dir: Path) -> None:
+    """The page shows why the call ended (the engine stopped), and pressing Connect again starts a call that gets
+    audio, once the supervisor has a new engine. No ring segment of the killed call is left."""
+    wav = output_dir / "fake-mic.wav"
+    # 1 s of silence (ICE connects meanwhile), 8 s of tone, silence. Every new capture plays it from the start.
+    t = np.arange(8 * 48_000) / 48_000
+    tone_pcm = (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16)
+    write_wav(
+        wav, np.concatenate([np.zeros(48_000, np.int16), tone_pcm, np.zeros(20 * 48_000, np.int16)]), 48_000
+    )
+    _wait_new_engine_sync(server, old_pid=-1)
+    server_pid = server.proc.pid
+    before = segments_of(server_pid)
+    engine_pid = server.engine_pid()
+    with launch_chromium(output_dir, fake_mic_wav=wav) as driver:
+        open_page(driver, server, key=None)
+        connect(driver)
+        wait_until(driver, _remote_loud, timeout=20, what="the echo of the mic in the page")
+        assert len(segments_of(server_pid) - before) == 2
+
+        os.kill(engine_pid, signal.SIGKILL)
+        shown = notice(driver, timeout=20)
+        driver.save_screenshot(str(output_dir / "browser-engine-lost.png"))
+        assert shown["code"] == "engine_lost" and "voice engine stopped" in shown["text"], shown
+        assert "Press Connect" in shown["text"]
+        status = page_call(driver, "status")
+        assert not status["connected"], status
+        assert [e["code"] for e in page_call(driver, "errors")] == ["engine_lost"]
+        deadline = time.monotonic() + 15
+        while segments_of(server_pid) - before:
+            assert time.monotonic() < deadline, segments_of(server_pid) - before
+            time.sleep(0.1)
+
+        # Connect works again once the new engine is up (a person would retry after the notice).
+        _wait_new_engine_sync(server, engine_pid)
+        connect(driver)
+        assert page_call(driver, "status")["notice"] is None  # the old notice is cleared
+        wait_until(driver, _remote_loud, timeout=20, what="audio in the second call")
+        driver.save_screenshot(str(output_dir / "browser-reconnected.png"))
+        hang_up(driver)
+    deadline = time.monotonic() + 15
+    while segments_of(server_pid) - before:
+        assert time.monotonic() < deadline, segments_of(server_pid) - before
+        time.sleep(0.1)
+
+
 # --- 3. a client that stops reading -----------------------------------------------------------------------------
 
 
@@ -219,7 +290,6 @@ async def test_a_client_that_stops_reading_is_dropped_with_1013(server: ServerPr
             poll=0.2,
         )
         took = time.monotonic() - t0
-        print(f"dropped after {took:.1f} s")
         rss_growth = proc.memory_info().rss - rss0
         log = server.log_path.read_bytes()[log_start:].decode(errors="replace")
         assert "client stopped reading" in log, log[-2000:]
@@ -233,7 +303,6 @@ async def test_a_client_that_stops_reading_is_dropped_with_1013(server: ServerPr
                 msg = await asyncio.wait_for(stuck.recv(), 10)
                 received += len(msg)
                 types.add(json.loads(msg)["type"])
-        print("received", received, types)
         assert stuck.close_code == 1013, (stuck.close_code, stuck.close_reason)
         assert types <= {"session.output_audio.delta", "session.usage.updated"}, types
         assert received < 1_000_000, received  # bounded: a few socket buffers, not the whole backlog

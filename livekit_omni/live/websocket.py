@@ -85,7 +85,9 @@ class WebSocketTransport:
                 # A client that stopped reading cannot take a close frame until it reads again; wait for that off
                 # this path (the session's engine resources are freed meanwhile), in :meth:`wait_closed`.
                 if self._unread_close is None:
-                    self._unread_close = asyncio.create_task(self._close_unread(), name="live-ws-unread-close")
+                    self._unread_close = asyncio.create_task(
+                        self._close_unread(), name="live-ws-unread-close"
+                    )
                 return
             if self._writer.done() and self.closed:
                 return
@@ -105,7 +107,9 @@ class WebSocketTransport:
         # uvicorn sends the frame once the client has drained the socket buffer (bounded: it writes only while the
         # socket is writable); a client that never reads again is closed without it when the handler returns.
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.ws.close(CLOSE_TRY_AGAIN, "client_not_reading"), UNREAD_CLOSE_TIMEOUT_S)
+            await asyncio.wait_for(
+                self.ws.close(CLOSE_TRY_AGAIN, "client_not_reading"), UNREAD_CLOSE_TIMEOUT_S
+            )
 
     async def wait_closed(self) -> None:
         """Until the close of a client dropped for not reading has gone out or timed out (the connection ends when
