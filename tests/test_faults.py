@@ -1,5 +1,5 @@
-"""Faults on a real server: the engine killed (kill -9) during a WebRTC call, a client that stops reading, a caller
-that vanishes mid-reply, and the engine stalled (SIGSTOP) while a caller streams audio.
+"""Faults on a real server: the engine killed (kill -9) during a WebRTC call and during a browser call, a client that
+stops reading, a caller that vanishes mid-reply, and the engine stalled (SIGSTOP) while a caller streams audio.
 
 One loopback server for the module (the echo *test fixture* engine: none of this needs speech, and the echo is
 what shows a call works). Tests that kill or stall the engine wait for the server to be ready again first.
