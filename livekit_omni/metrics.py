@@ -26,6 +26,14 @@ class Metrics:
             buckets=(0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 10.0),
             registry=r,
         )
+        self.ingress_overruns = Counter(
+            "livekit_omni_ingress_overruns",
+            "20 ms pieces of caller audio the ingress ring refused (full: the engine fell behind or stalled)",
+            registry=r,
+        )
+        self.ingress_dropped_seconds = Counter(
+            "livekit_omni_ingress_dropped_seconds", "Caller audio dropped at a full ingress ring", registry=r
+        )
         self.engine_restarts = Gauge(
             "livekit_omni_engine_restarts", "Engine restarts since start", registry=r
         )

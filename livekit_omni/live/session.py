@@ -32,7 +32,7 @@ import numpy as np
 from engine_bridge import protocol as p
 from engine_bridge.client import EngineSession
 from engine_bridge.control import ControlError, EngineLostError, EngineRequestError
-from engine_bridge.formats import ENGINE_OUTPUT_RATE, FRAME_MS
+from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE, FRAME_MS
 from livekit_omni.live import wire
 from livekit_omni.live.backpressure import InputBudget, InputVerdict
 from livekit_omni.live.eventlog import event_log
@@ -302,6 +302,9 @@ class LiveSession:
             burst_s=limits.input_burst_s, grace_s=limits.input_backpressure_grace_s, now=time.monotonic()
         )
         self._last_input = 0.0
+        # The ingress writer's overrun and dropped-sample counts already added to the metrics.
+        self._overruns_counted = 0
+        self._dropped_counted = 0
         # Timeline bookkeeping: input transcripts are kept non-decreasing.
         self._last_input_ms = 0
         self._last_output_ms = 0
@@ -572,6 +575,19 @@ class LiveSession:
             return  # beyond the burst allowance: dropped, never queued
         self.writer.write(raw)  # also rings the engine's doorbell
         self.metrics.audio_in_seconds.inc(seconds)
+        self.count_ingress_drops()
+
+    def count_ingress_drops(self) -> None:
+        """Add caller audio the ingress ring refused since the last call to the metrics. The ring never overwrites:
+        when the engine falls behind (stalled, overloaded) the newest audio is dropped (media.ingress)."""
+        writer = self.bridge.writer if self.bridge is not None else None
+        if writer is None or writer.overruns == self._overruns_counted:
+            return
+        self.metrics.ingress_overruns.inc(writer.overruns - self._overruns_counted)
+        self.metrics.ingress_dropped_seconds.inc(
+            (writer.samples_dropped - self._dropped_counted) / ENGINE_INPUT_RATE
+        )
+        self._overruns_counted, self._dropped_counted = writer.overruns, writer.samples_dropped
 
     def _admit_input(self, seconds: float, now: float) -> bool:
         """Whether ``seconds`` of caller audio fit the burst allowance; reports and enforces backpressure."""

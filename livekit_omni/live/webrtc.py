@@ -196,6 +196,7 @@ async def create_webrtc_session(request: Request) -> Response:
 
     def on_input_frame(frame: Any) -> None:
         hub.metrics.audio_in_seconds.inc(frame.samples / frame.sample_rate)
+        live.count_ingress_drops()
 
     def on_datachannel_error(code: str, message: str) -> None:
         live.emit(wire.error_event(code, message))

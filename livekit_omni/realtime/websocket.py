@@ -45,7 +45,7 @@ async def realtime_websocket(ws: WebSocket) -> None:
     offered = _offered_subprotocols(ws)
     await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     hub = hub_of(ws.app)
-    transport = WebSocketTransport(ws)
+    transport = WebSocketTransport(ws, hub.settings.limits.outbound_queue_events)
     session = RealtimeSession(hub, transport, model=ws.query_params.get("model") or None)
     limit = hub.settings.limits.max_message_bytes
     try:
@@ -79,3 +79,4 @@ async def realtime_websocket(ws: WebSocket) -> None:
             task.uncancel()
     finally:
         await session.end(code=CLOSE_TRY_AGAIN if transport.aborted else 1000)
+        await transport.wait_closed()
