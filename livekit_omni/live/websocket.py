@@ -41,6 +41,8 @@ class WebSocketTransport:
         self.closed = False
         #: Set when the client stopped reading and the connection is being dropped.
         self.aborted = False
+        #: Events never sent because of that: the queue's content and the event that found it full.
+        self.unread = 0
         self._q: asyncio.Queue[bytes | None] = asyncio.Queue(OUTBOUND_QUEUE_LIMIT)
         self._handler = asyncio.current_task()
         self._writer = asyncio.create_task(self._write(), name="live-ws-writer")
@@ -57,6 +59,7 @@ class WebSocketTransport:
                 "live websocket: client stopped reading (%d events queued); dropping it", self._q.qsize()
             )
             self.closed = self.aborted = True
+            self.unread = self._q.qsize() + 1
             self._writer.cancel()
             if self._handler is not None:
                 self._handler.cancel()
@@ -162,5 +165,6 @@ async def live_websocket(ws: WebSocket) -> None:
         if task is not None:
             task.uncancel()
     finally:
+        hub.losses["events_unread"] += transport.unread
         await session.transport_closed()
         await transport.close(CLOSE_TRY_AGAIN if transport.aborted else 1000)
