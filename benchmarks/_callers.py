@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import contextlib
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -99,15 +101,23 @@ class HeardAudio:
 
     def first_loud_after(self, t: float, from_window: int = 0) -> tuple[int, float] | None:
         """The first audible window at or after ``from_window`` heard at or after ``t``."""
-        return next(((w, h) for w, h in self.loud if w >= from_window and h >= t), None)
+        # The windows are in order: skip those before from_window without looking at them (a long call).
+        start = bisect.bisect_left(self.loud, (from_window, -math.inf))
+        return next((self.loud[i] for i in range(start, len(self.loud)) if self.loud[i][1] >= t), None)
 
 
 class LiveOutput(HeardAudio):
-    """:class:`HeardAudio` of a Live WebSocket client's output (its ``session.output_audio.delta`` bytes)."""
+    """:class:`HeardAudio` of a Live WebSocket client's output (its ``session.output_audio.delta`` bytes).
 
-    def __init__(self, client: LiveClient, rate: int, floor_db: float = AUDIBLE_DBFS) -> None:
+    ``trim=True`` removes what was scanned from the client's buffers (a long call: the soak), so only the
+    windows' timing stays."""
+
+    def __init__(
+        self, client: LiveClient, rate: int, floor_db: float = AUDIBLE_DBFS, *, trim: bool = False
+    ) -> None:
         super().__init__(rate, floor_db)
         self.client = client
+        self.trim = trim
         self._delta = 0
         self._offset = 0
 
@@ -119,6 +129,10 @@ class LiveOutput(HeardAudio):
             self.add(at, np.frombuffer(raw[: len(raw) // 2 * 2], dtype="<i2"))
             self._delta += 1
             self._offset += n
+        if self.trim:
+            del self.client.audio[: self._offset]
+            del deltas[: self._delta]
+            self._offset = self._delta = 0
         super().scan()
 
 

@@ -383,7 +383,7 @@ async def test_a_stalled_engine_overruns_the_ingress_ring_then_the_session_recov
     await wait_engine_idle(server, timeout=60)
     proc = psutil.Process(server.proc.pid)
     engine_pid = server.engine_pid()
-    overruns0 = metric(server, "livekit_omni_ingress_overruns_total")
+    overruns0 = metric(server, "livekit_omni_ring_overruns_total", 'ring="ingress"')
     dropped0 = metric(server, "livekit_omni_ingress_dropped_seconds_total")
     c = await LiveClient.connect(server.url)
     stopped = False
@@ -395,7 +395,7 @@ async def test_a_stalled_engine_overruns_the_ingress_ring_then_the_session_recov
         stopped = True
         stall_s = INGRESS_RING_S + 3.0
         await c.append_audio(bytes(int(4800 * stall_s * 10)), bytes_per_100ms=4800)  # real time, silence
-        overruns = metric(server, "livekit_omni_ingress_overruns_total") - overruns0
+        overruns = metric(server, "livekit_omni_ring_overruns_total", 'ring="ingress"') - overruns0
         dropped_s = metric(server, "livekit_omni_ingress_dropped_seconds_total") - dropped0
         rss_growth = proc.memory_info().rss - rss0
         # What did not fit: the stall minus the ring, in 20 ms pieces (loose bounds: the ring held some audio when

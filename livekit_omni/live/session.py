@@ -19,6 +19,7 @@ Who runs what (all on the event loop, never blocking it):
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import secrets
@@ -166,6 +167,8 @@ class HubSession(Protocol):
     """What the hub needs of a facade session, whichever dialect it speaks (Live or Realtime)."""
 
     id: str
+    #: The engine session's media (None until the engine session is open): its loss counters go to /metrics.
+    bridge: SessionBridge | None
 
     def tick(self) -> None:
         """Produce one 20 ms output frame (WebSocket sessions, from the hub's clock)."""
@@ -189,13 +192,26 @@ class LiveHub:
         self._clock_task: asyncio.Task[None] | None = None
         #: The shared output clock while it runs (its ``late``/``skipped`` counters show a loop that fell behind).
         self.pacer: Pacer | None = None
+        #: Loss counters (metrics.MEDIA_LOSS_KEYS) of the sessions that have ended, and of events dropped by
+        #: the facade itself; /metrics adds the open sessions' counters at scrape time.
+        self.losses: collections.Counter[str] = collections.Counter()
+        metrics.media_losses.source = self.loss_totals
 
     def add(self, s: HubSession) -> None:
         self.sessions.add(s)
 
     def discard(self, s: HubSession) -> None:
+        if s in self.sessions and s.bridge is not None:
+            self.losses.update(s.bridge.loss_counters())  # before the bridge releases the rings
         self.sessions.discard(s)
         self._ticking.pop(s, None)
+
+    def loss_totals(self) -> dict[str, int]:
+        totals = collections.Counter(self.losses)
+        for s in self.sessions:
+            if s.bridge is not None:
+                totals.update(s.bridge.loss_counters())
+        return dict(totals)
 
     def start_ticking(self, s: HubSession) -> None:
         self._ticking[s] = None
@@ -350,6 +366,7 @@ class LiveSession:
             log.error(
                 "session %s: dropped a %d-byte %s event (over the outbound limit)", self.id, len(data), etype
             )
+            self.hub.losses["events_too_large"] += 1
             data = wire.encode(
                 wire.error_event(
                     "event_too_large", f"a {etype} event was too large to send", type=wire.SERVER_ERROR
@@ -583,7 +600,6 @@ class LiveSession:
         writer = self.bridge.writer if self.bridge is not None else None
         if writer is None or writer.overruns == self._overruns_counted:
             return
-        self.metrics.ingress_overruns.inc(writer.overruns - self._overruns_counted)
         self.metrics.ingress_dropped_seconds.inc(
             (writer.samples_dropped - self._dropped_counted) / ENGINE_INPUT_RATE
         )

@@ -41,6 +41,8 @@ class WebSocketTransport:
         self.closed = False
         #: Set when the client stopped reading and the connection is being dropped.
         self.aborted = False
+        #: Events never sent because of that: the queue's content and the event that found it full.
+        self.unread = 0
         self._q: asyncio.Queue[bytes | None] = asyncio.Queue(queue_limit)
         self._handler = asyncio.current_task()
         self._writer = asyncio.create_task(self._write(), name="live-ws-writer")
@@ -58,6 +60,7 @@ class WebSocketTransport:
                 "live websocket: client stopped reading (%d events queued); dropping it", self._q.qsize()
             )
             self.closed = self.aborted = True
+            self.unread = self._q.qsize() + 1
             self._writer.cancel()
             # What it never read is dropped now: the session's memory is the queue's bound, not the backlog.
             while not self._q.empty():
@@ -188,6 +191,7 @@ async def live_websocket(ws: WebSocket) -> None:
         if task is not None:
             task.uncancel()
     finally:
+        hub.losses["events_unread"] += transport.unread
         await session.transport_closed()
         await transport.close(CLOSE_TRY_AGAIN if transport.aborted else 1000)
         await transport.wait_closed()

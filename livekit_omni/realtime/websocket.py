@@ -78,5 +78,6 @@ async def realtime_websocket(ws: WebSocket) -> None:
         if task is not None:
             task.uncancel()
     finally:
+        hub.losses["events_unread"] += transport.unread
         await session.end(code=CLOSE_TRY_AGAIN if transport.aborted else 1000)
         await transport.wait_closed()
