@@ -34,6 +34,7 @@ import time
 
 from _callers import CallerLeg, webrtc_leg
 from _common import finish, pct
+from _load import scrape
 
 from engine_bridge import protocol as p
 from tests.conftest import connect_engine, spawn_engine, start_server
@@ -161,10 +162,16 @@ async def webrtc_trials(n: int, *, duck_db: float | None) -> list[dict[str, floa
                 if first is None:
                     print(f"webrtc trial {i}: no answer heard", file=sys.stderr)
                     continue
-                await asyncio.sleep(max(0.0, first[1] + 1.0 - time.monotonic()))  # 1 s of the story
+                await asyncio.sleep(max(0.0, first[1] + 0.5 - time.monotonic()))  # half a second of the story
+                barge_ins = await asyncio.to_thread(_barge_ins, server.url)
                 onset = await leg.say(INTERRUPTIONS[i % len(INTERRUPTIONS)], mark="onset")
                 await asyncio.sleep(max(0.0, onset + STOP_HOLD_S + 0.3 - time.monotonic()))
                 leg.heard.scan()
+                if await asyncio.to_thread(_barge_ins, server.url) == barge_ins:
+                    # The answer ended on its own before the barge-in minimum: its silence is no stop; retried.
+                    print(f"webrtc trial {i}: the answer ended before the barge-in; retried", file=sys.stderr)
+                    await asyncio.sleep(4.0)
+                    continue
                 stop, level = output_stop_ms(leg, onset)
                 rows.append({"stop_ms": stop, "level_dbfs": level})
                 print(
@@ -181,6 +188,11 @@ async def webrtc_trials(n: int, *, duck_db: float | None) -> list[dict[str, floa
     finally:
         await asyncio.to_thread(server.stop)
     return rows
+
+
+def _barge_ins(url: str) -> float:
+    """The server's count of caller barge-ins (its /metrics)."""
+    return sum(v for (name, _), v in scrape(url).items() if name == "livekit_omni_barge_ins_total")
 
 
 def _finite(xs: list[float]) -> list[float]:
