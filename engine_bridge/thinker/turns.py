@@ -384,5 +384,8 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
     def session_ids(self) -> list[str]:
         return list(self._sessions)
 
+    def session_decoding(self, sid: str) -> DecodingSettings:
+        return self._get(sid).decoding
+
     def decode(self, tokens: Sequence[int]) -> str:
         return self.fmt.decode(tokens)
