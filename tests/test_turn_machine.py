@@ -826,7 +826,21 @@ def test_turn_taking_update_changes_the_silence_window_of_the_next_turn(
         return ends[0].ev.at_ms - ends[0].ev.end_ms
 
     assert abs(endpoint_wait_ms() - 300) <= 60
-    update(call, turn_taking=p.TurnTakingConfig(silence_ms=900, auto_reply=False))
+    update(call, turn_taking=p.TurnTakingConfig(silence_ms=900, auto_reply=False, barge_in_min_ms=10_000))
     assert abs(endpoint_wait_ms() - 900) <= 60
     settings = call.session.stats.extra["settings"]
     assert settings["silence_ms"] == 900 and settings["auto_reply"] is False and call.st.speculative_ms == 0
+    assert call.st.barge_in_min_ms == 10_000  # the audio thread's barge-in minimum (interrupt_response false)
+
+
+def test_instructions_too_long_for_the_context_leave_the_old_ones(make_call: Callable[..., Call]) -> None:
+    call = make_call()
+    sid = call.session.id
+    call.post(TextAppend("user", "hello", 0))
+    call.drain()
+    before = call.thinker.log(sid).tokens
+    update(call, instructions="word " * 5000)
+    errors = call.of(p.SessionError)
+    assert [e.code for e in errors] == ["invalid_instructions"] and not errors[0].fatal
+    assert call.thinker.log(sid).tokens == before  # the same log, rebuilt
+    assert [seg.text for seg in call.session.log if seg.role == "user"] == ["hello"]

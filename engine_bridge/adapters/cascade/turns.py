@@ -66,9 +66,19 @@ from engine_bridge.speech.asr import Transcript
 from engine_bridge.speech.text import clean_for_tts
 from engine_bridge.speech.tts import OutputResampler, Synthesizer
 from engine_bridge.speech.vad import SpeechStarted, TurnDetector
-from engine_bridge.thinker.base import DecodingSettings, Message, StepOutput, ThinkerBackend, ThinkerError
+from engine_bridge.thinker.base import DecodingSettings, Message, StepOutput, ThinkerBackend
+from engine_bridge.thinker.base import Role as ThinkerRole
+from engine_bridge.thinker.turns import reinstruct
 
 log = logging.getLogger(__name__)
+
+#: The thinker's role of each conversation-log role (the system segment is the thinker's own).
+_THINKER_ROLE: Final[dict[Role, ThinkerRole]] = {
+    Role.SYSTEM: "system",
+    Role.DEVELOPER: "developer",
+    Role.USER: "user",
+    Role.ASSISTANT: "assistant",
+}
 
 COMMENTARY_PROMPT: Final = "Say the following to the caller now, briefly and in your own words: "
 SPEAK_NOW_PROMPT: Final = "Speak to the caller now, briefly, without waiting for them to speak first."
@@ -477,41 +487,60 @@ class TurnMachine:
         st.pending = [x for x in st.pending if isinstance(x, SpeakRequest)]
 
     def _reinstruct(self, session: DuplexSession, instructions: str) -> None:
-        """New instructions become the system segment: the thinker session is re-opened with them (and the example
-        turns) and the conversation re-appended after it, as a rollback re-extends a log; one rebuild of the KV,
-        timed in the session stats. Instructions the thinker cannot take (too long for its context) leave the
-        session as it was, with a non-fatal ``SessionError``."""
+        """New instructions become the system segment: the thinker session is re-opened with them and the
+        conversation as its history (:func:`~engine_bridge.thinker.turns.reinstruct`: one prefill of the whole log,
+        timed in the session stats), and the conversation log's segments are placed on the new token log.
+        Instructions the thinker cannot take (too long for its context) leave the old ones, with a non-fatal
+        ``SessionError``."""
         thinker = self.thinker
         sid = session.id
         t0 = time.perf_counter()
-        old_system = session.log[0].text if session.log and session.log[0].role is Role.SYSTEM else ""
+        old = thinker.log(sid).segments
+        previous = old[0].text if old and old[0].role == "system" else None
         conversation = [seg for seg in session.log if seg.role is not Role.SYSTEM]
-        dec = thinker.session_decoding(sid)
-        thinker.close(sid)
-        try:
-            thinker.open(sid, instructions or None, examples=self.examples, decoding=dec)
-        except (ValueError, ThinkerError) as e:
-            thinker.open(sid, old_system or None, examples=self.examples, decoding=dec)
+        said = [seg for seg in conversation if seg.text]
+        problem = reinstruct(
+            thinker,
+            sid,
+            instructions,
+            [Message(_THINKER_ROLE[seg.role], seg.text) for seg in said],
+            previous=previous,
+            examples=self.examples,
+        )
+        if problem:
             session.emit(
                 p.SessionError(
                     session_id=sid,
                     code="invalid_instructions",
-                    message=f"the new instructions were not applied: {e}",
+                    message=f"the new instructions were not applied: {problem}",
                     fatal=False,
                 )
             )
         opened = thinker.log(sid).segments
-        system = [
-            Segment(Role(seg.role), seg.text, session.epoch, token_start=seg.start, token_end=seg.end)
-            for seg in opened
-        ]
-        for seg in conversation:
-            seg.token_start = len(thinker.log(sid))
-            if seg.text:
-                thinker.append(sid, seg.role.value, seg.text, epoch=seg.epoch)
-            seg.token_end = len(thinker.log(sid))
+        system = [Segment(Role.SYSTEM, opened[0].text, session.epoch, token_start=0, token_end=opened[0].end)]
+        # The history is the last segments of the new log (the thinker may have trimmed the oldest turns to fit:
+        # those leave the conversation, as a trim does). Empty segments (a reply cut before a word was heard) hold
+        # no tokens and stay where they were.
+        history = opened[1:]
+        kept_said = {id(seg) for seg in said[len(said) - len(history) :]} if history else set()
+        first_kept = next(
+            (i for i, seg in enumerate(conversation) if id(seg) in kept_said), len(conversation)
+        )
+        kept: list[Segment] = []
+        pos = opened[0].end
+        placed = iter(history)
+        for i, seg in enumerate(conversation):
+            if id(seg) in kept_said:
+                tok = next(placed)
+                seg.token_start, seg.token_end = tok.start, tok.end
+                pos = tok.end
+            elif seg.text or i < first_kept:
+                continue  # trimmed
+            else:
+                seg.token_start = seg.token_end = pos
+            kept.append(seg)
         # One assignment: a stats snapshot taken meanwhile (engine core thread) sees the old or the new log.
-        session.log[:] = system + conversation
+        session.log[:] = system + kept
         extra = session.stats.extra
         extra["instructions_rebuilds"] = extra.get("instructions_rebuilds", 0) + 1
         extra["instructions_rebuild_ms"] = round((time.perf_counter() - t0) * 1000, 1)
