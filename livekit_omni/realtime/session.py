@@ -48,7 +48,7 @@ from livekit_omni.live.session import (
     open_engine_session,
 )
 from livekit_omni.realtime import wire
-from livekit_omni.realtime.config import RealtimeConfig
+from livekit_omni.realtime.config import NO_TOKEN_CAP, RealtimeConfig, check_max_output_tokens
 from media.bridge import SessionBridge
 from media.egress import EgressPlayer, OutputFrame
 
@@ -122,7 +122,7 @@ class ResponseRecord:
     created_at: float = field(default_factory=time.monotonic)
     #: ``conversation: "none"``: the answer is not added to the conversation (the engine forgets it afterwards).
     out_of_band: bool = False
-    #: The client's ``max_output_tokens`` was reached and the reply is being cut.
+    #: The engine stopped the reply at the client's ``max_output_tokens``: it ends ``incomplete``.
     capped: bool = False
 
     @property
@@ -318,17 +318,29 @@ class RealtimeSession:
                 "the output format cannot change once audio has been sent",
                 param="session.audio.output.format",
             )
+        changes = new.engine_changes(old) if self.engine is not None else {}
+        if changes and self.engine is not None:
+            # The engine session is open: what changed reaches it (voice, turn-taking, temperature and the token
+            # cap from the next turn or reply on; instructions rebuild its system prompt, keeping the conversation).
+            await asyncio.wait_for(self.engine.update(**changes), ENGINE_REQUEST_TIMEOUT_S)
         self.config = new
-        if self.bridge is not None:
-            if new.input_format != old.input_format:
-                self.bridge.writer.set_format(new.input_format.encoding, new.input_format.rate)
-            if new.instructions != old.instructions and new.instructions and self.engine is not None:
-                # After the engine session opened, new instructions join the conversation as standing developer
-                # instructions (the system prompt itself is fixed; rebuilding it is later work).
-                await asyncio.wait_for(
-                    self.engine.append_text("instructions", new.instructions), ENGINE_REQUEST_TIMEOUT_S
-                )
+        if self.bridge is not None and new.input_format != old.input_format:
+            self.bridge.writer.set_format(new.input_format.encoding, new.input_format.rate)
+        if "turn_taking" in changes:
+            self._switch_turn_taking(manual=new.turn_detection is None)
         self.emit(wire.SessionUpdated(session=self._echo()))
+
+    def _switch_turn_taking(self, *, manual: bool) -> None:
+        """Turn detection changed mid-session. Into manual mode: the caller's turn in progress is no user item
+        (the client commits from now on). Out of it: the uncommitted buffer is dropped (the VAD hears live audio
+        from now on)."""
+        if self._opened_manual == manual:
+            return
+        self._opened_manual = manual
+        if manual:
+            self._speaking = None
+        else:
+            self._buffer.clear()
 
     # --- the engine session -------------------------------------------------------------------------------
     async def ensure_engine(self) -> EngineSession:
@@ -340,7 +352,11 @@ class RealtimeSession:
                 raise wire.WireError("session_closed", "the session is closed", type=wire.SERVER_ERROR)
             cfg = self.config
             engine_cfg = p.SessionConfig(
-                instructions=cfg.instructions, voice=cfg.voice_name, turn_taking=cfg.turn_taking()
+                instructions=cfg.instructions,
+                voice=cfg.voice_name,
+                turn_taking=cfg.turn_taking(),
+                temperature=cfg.temperature,
+                max_output_tokens=cfg.token_cap,
             )
             engine = await open_engine_session(self.hub, engine_cfg, session_id=self.id)
             self.engine = engine
@@ -534,6 +550,8 @@ class RealtimeSession:
     # --- responses ----------------------------------------------------------------------------------------
     async def _on_response_create(self, ev: wire.ResponseCreate) -> None:
         params = ev.response or wire.ResponseParams()
+        if params.max_output_tokens is not None:
+            check_max_output_tokens(params.max_output_tokens, "response.max_output_tokens")
         if self.active is not None:
             raise wire.WireError(
                 "conversation_already_has_active_response",
@@ -554,11 +572,24 @@ class RealtimeSession:
                 await asyncio.wait_for(engine.append_text(kind, text), ENGINE_REQUEST_TIMEOUT_S)
         # The extra instructions hold for this response only: the engine removes them when the reply ends.
         if self._untranscribed and self.manual:
-            self.spawn(self._respond_after_transcript(engine, r, extra))
+            self.spawn(self._respond_after_transcript(engine, r, extra, self._reply_cap(params)))
         else:
-            await asyncio.wait_for(engine.append_text("respond", extra), ENGINE_REQUEST_TIMEOUT_S)
+            await asyncio.wait_for(
+                engine.append_text("respond", extra, max_output_tokens=self._reply_cap(params)),
+                ENGINE_REQUEST_TIMEOUT_S,
+            )
 
-    async def _respond_after_transcript(self, engine: EngineSession, r: ResponseRecord, extra: str) -> None:
+    @staticmethod
+    def _reply_cap(params: wire.ResponseParams) -> int:
+        """The response's own ``max_output_tokens`` for the engine: 0 (the session's cap) when it gives none."""
+        cap = params.max_output_tokens
+        if cap is None:
+            return 0
+        return cap if isinstance(cap, int) else NO_TOKEN_CAP
+
+    async def _respond_after_transcript(
+        self, engine: EngineSession, r: ResponseRecord, extra: str, cap: int
+    ) -> None:
         """Manual mode: the committed turn's words must be in the conversation before the reply starts."""
         deadline = time.monotonic() + TRANSCRIPT_WAIT_S
         while self._untranscribed and time.monotonic() < deadline and not r.finished:
@@ -568,7 +599,9 @@ class RealtimeSession:
             except TimeoutError:
                 break
         if not r.finished and self.state == "active":
-            await asyncio.wait_for(engine.append_text("respond", extra), ENGINE_REQUEST_TIMEOUT_S)
+            await asyncio.wait_for(
+                engine.append_text("respond", extra, max_output_tokens=cap), ENGINE_REQUEST_TIMEOUT_S
+            )
 
     def _new_response(self, params: wire.ResponseParams | None = None) -> ResponseRecord:
         params = params or wire.ResponseParams()
@@ -748,6 +781,14 @@ class RealtimeSession:
             and not (frame.speaking and (frame.epoch, frame.turn_id) == r.reply)
             and not frame.transcripts
         ):
+            self._finish_generated(r)
+
+    def _finish_generated(self, r: ResponseRecord) -> None:
+        """The reply is over and played: ``completed``, or ``incomplete`` when the engine stopped it at the
+        client's ``max_output_tokens``."""
+        if r.capped:
+            self._finish(r, "incomplete", "max_output_tokens")
+        else:
             self._finish(r, "completed")
 
     async def _idle_timeout(self) -> None:
@@ -787,16 +828,6 @@ class RealtimeSession:
             else:
                 r.text += sep + d.text.strip()
                 self.emit(wire.OutputTextDelta(response_id=r.id, item_id=rec.id, delta=sep + d.text.strip()))
-            limit = r.max_output_tokens
-            if (
-                isinstance(limit, int)
-                and not r.capped
-                and len(" ".join(w for w, _ in rec.words).split()) >= limit
-            ):
-                # The engine has no token cap per reply: the answer is cut once it has said that many words
-                # (counted as tokens), and the engine keeps the words that were sent.
-                r.capped = True
-                self.spawn(self._cancel(r, "max_output_tokens", status="incomplete"))
 
     def _flush_audio(self, r: ResponseRecord) -> None:
         if not r.audio_buf or r.item is None:
@@ -854,7 +885,7 @@ class RealtimeSession:
                 r = self.active
                 if r is None or r.reply is not None:
                     if r is not None:
-                        self._finish(r, "completed")
+                        self._finish_generated(r)
                     r = self._new_response()
                     self.emit(wire.ResponseCreated(response=self._response_wire(r, "in_progress")))
                 self._open_output()
@@ -926,6 +957,7 @@ class RealtimeSession:
                     self._finish(self.active, "cancelled", self.active.cancel_reason or "client_cancelled")
             return
         r.tokens = (ev.input_tokens, ev.cached_tokens, ev.output_tokens)
+        r.capped = ev.capped
         if ev.interrupted:
             self._flush_audio(r)
             self._finish(r, "cancelled", r.cancel_reason or "turn_detected")
