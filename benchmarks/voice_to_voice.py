@@ -29,11 +29,15 @@ is the difference to the caller's figure minus the endpoint.
 The machine's other load shows in every figure: compare paths of one run, not runs of different minutes.
 
     python benchmarks/voice_to_voice.py [--path engine|ws|webrtc|all] [--turns 10] [--quick] [--no-baseline]
-                                        [--backend torch|vllm]
+                                        [--backend torch|vllm] [--asr-window-baseline]
+
+``--asr-window-baseline`` runs the engine path once more with whisper's 30 s encoder window
+(``engine.models.asr_window = full``; the default fits the window to the utterance) and reports its
+``asr_final_ms_full_window`` and ``full_window_p50_ms`` beside the default's.
 
 Last stdout line: one JSON object with ``p50_ms``/``p95_ms`` (engine), ``sequential_p50_ms``, ``ws_p50_ms``,
 ``webrtc_p50_ms``, ``webrtc_p95_ms``, ``turn10_over_turn1`` (webrtc when it ran, else the first path run), the
-stage medians, and the per-turn rows.
+stage medians (``asr_final_ms`` and more), and the per-turn rows.
 """
 
 from __future__ import annotations
@@ -296,6 +300,11 @@ async def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3 turns per path")
     ap.add_argument("--no-baseline", action="store_true", help="skip the engine path's sequential baseline")
     ap.add_argument("--backend", default="torch", choices=("torch", "vllm"))
+    ap.add_argument(
+        "--asr-window-baseline",
+        action="store_true",
+        help="the engine path once more with whisper's full 30 s window (engine.models.asr_window = full)",
+    )
     args = ap.parse_args()
     turns = 3 if args.quick else args.turns
     paths = list(PATHS) if args.path == "all" else [args.path]
@@ -306,6 +315,10 @@ async def main() -> None:
     groups: dict[str, list[dict[str, Any]]] = {}
     if "engine" in paths:
         groups["engine"] = await run_engine("overlapped", thinker, turns, startup)
+        if args.asr_window_baseline:
+            groups["engine asr 30 s"] = await run_engine(
+                "asr-full-window", {**thinker, "models": {"asr_window": "full"}}, turns, startup
+            )
         if not args.no_baseline:
             groups["engine sequential"] = await run_engine(
                 "sequential",
@@ -343,6 +356,8 @@ async def main() -> None:
         "turn10_over_turn1_by_path": {n: s["turn10_over_turn1"] for n, s in sums.items()},
         "vad_endpoint_ms": eng.get("endpoint_ms", NAN),
         "asr_final_ms": eng.get("asr_ms", NAN),
+        "asr_final_ms_full_window": sums.get("engine asr 30 s", {}).get("asr_ms", NAN),
+        "full_window_p50_ms": sums.get("engine asr 30 s", {}).get("p50_ms", NAN),
         "thinker_first_clause_ms": eng.get("thinker_first_clause_ms", NAN),
         "tts_first_chunk_ms": eng.get("tts_first_chunk_ms", NAN),
         "lead_silence_ms": eng.get("lead_silence_ms", NAN),

@@ -108,7 +108,7 @@ class CascadeAdapter(ModelAdapter):
             t0 = time.monotonic()
             thinker = make_thinker(self.settings)
             t1 = time.monotonic()
-            asr = make_transcriber(m.asr, threads=self.settings.threads, device=device)
+            asr = make_transcriber(m.asr, threads=self.settings.threads, device=device, window=m.asr_window)
             asr.warmup()
             t2 = time.monotonic()
             tts = make_synthesizer(m.tts, threads=self.settings.threads, device=device)
