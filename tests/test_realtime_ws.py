@@ -408,6 +408,41 @@ async def test_items_create_root_duplicate_and_truncate_of_a_user_item(server: S
         assert got["item"]["content"] == [{"type": "input_text", "text": "hi"}]
 
 
+async def test_the_conversation_table_is_bounded_oldest_items_leave_first(server: ServerProcess) -> None:
+    """A session fed items for hours does not grow without end: past MAX_ITEMS items (or MAX_ITEM_CHARS of their
+    text) the oldest leave the table; the newest stay retrievable. (The fuzzer found the growth: 10,000 events on
+    one session grew the server by 60 MB.)"""
+    from livekit_omni.realtime.session import MAX_ITEM_CHARS, MAX_ITEMS
+
+    def item(i: int, text: str = "") -> dict[str, Any]:
+        content = [{"type": "input_text", "text": text}] if text else []
+        return {"id": f"i{i}", "type": "message", "role": "user", "content": content}
+
+    async with connect(server) as c:
+        await c.next()
+        n = MAX_ITEMS + 3
+        for i in range(n):
+            await c.send({"type": "conversation.item.create", "item": item(i)})
+            if i % 100 == 99 or i == n - 1:  # read as a client does (one that stops reading is dropped)
+                await c.item_event("conversation.item.done", f"i{i}", timeout=30)
+        for i in (0, 2):
+            await c.send({"type": "conversation.item.retrieve", "item_id": f"i{i}", "event_id": f"r{i}"})
+            await c.error("item_retrieve_invalid_item_id")
+        for i in (10, n - 1):  # (the loopback fixture's echo response holds an item too: i3 may have left)
+            await c.send({"type": "conversation.item.retrieve", "item_id": f"i{i}"})
+            assert (await c.until("conversation.item.retrieved"))["item"]["id"] == f"i{i}"
+        # The text bound: three items of 40% of it each; the first of them leaves when the third comes.
+        big = "x" * (MAX_ITEM_CHARS * 2 // 5)
+        for i in range(n, n + 3):
+            await c.send({"type": "conversation.item.create", "item": item(i, big)})
+            await c.item_event("conversation.item.done", f"i{i}", timeout=30)
+        await c.send({"type": "conversation.item.retrieve", "item_id": f"i{n}"})
+        await c.error("item_retrieve_invalid_item_id")
+        for i in (n + 1, n + 2):
+            await c.send({"type": "conversation.item.retrieve", "item_id": f"i{i}"})
+            assert (await c.until("conversation.item.retrieved", timeout=30))["item"]["id"] == f"i{i}"
+
+
 async def test_session_limit_gets_an_error_and_1013(server: ServerProcess) -> None:
     silence = base64.b64encode(bytes(4800)).decode()
     async with connect(server) as first:

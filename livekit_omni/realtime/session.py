@@ -75,6 +75,11 @@ TRANSCRIPT_GIVE_UP_S: Final = 6.0
 RESPONSE_START_TIMEOUT_S: Final = 30.0
 #: The most caller audio an uncommitted manual buffer holds (older audio is dropped).
 MAX_BUFFER_S: Final = 60.0
+#: The conversation table's bounds (items, and the characters of text they hold): beyond them the oldest items
+#: leave the table (``retrieve``/``delete``/``truncate`` of them then get the not-found error). The thinker's own
+#: context is far smaller, so the model has long stopped seeing them; the bound is the server's memory.
+MAX_ITEMS: Final = 1000
+MAX_ITEM_CHARS: Final = 1_000_000
 
 
 @dataclass(slots=True)
@@ -91,6 +96,8 @@ class ItemRecord:
     end_ms: int | None = None
     #: Assistant items: the engine reply (turn) whose words the conversation holds.
     turn_id: int | None = None
+    #: Characters of text the item brought (what counts against MAX_ITEM_CHARS).
+    chars: int = 0
 
     @property
     def id(self) -> str:
@@ -151,6 +158,9 @@ class RealtimeSession:
         self._tasks: set[asyncio.Task[Any]] = set()
         #: The conversation: item id -> record, in conversation order.
         self.items: dict[str, ItemRecord] = {}
+        self._item_chars = 0
+        #: Items that left the table at its bounds (MAX_ITEMS, MAX_ITEM_CHARS).
+        self.items_forgotten = 0
         self.responses: dict[str, ResponseRecord] = {}
         #: The response in progress (created and not done), if any.
         self.active: ResponseRecord | None = None
@@ -284,7 +294,7 @@ class RealtimeSession:
                     await asyncio.wait_for(
                         self.engine.truncate_reply(rec.turn_id, ""), ENGINE_REQUEST_TIMEOUT_S
                     )
-                del self.items[ev.item_id]
+                self._item_chars -= self.items.pop(ev.item_id).chars
                 self._untranscribed = [r for r in self._untranscribed if r.id != ev.item_id]
                 self.emit(wire.ItemDeleted(item_id=ev.item_id))
             case wire.ResponseCreate():
@@ -479,12 +489,25 @@ class RealtimeSession:
             prev = None
         else:
             prev = previous if previous is not None else (next(reversed(self.items)) if self.items else None)
-        self.items[rec.id] = rec
+        self._remember(rec)
         if committed:
             self.emit(wire.InputCommitted(item_id=rec.id, previous_item_id=prev))
         self.emit(wire.ItemAdded(item=item, previous_item_id=prev))
         self.emit(wire.ItemDone(item=item, previous_item_id=prev))
         return rec
+
+    def _remember(self, rec: ItemRecord) -> None:
+        """Put ``rec`` in the table, then keep the table within MAX_ITEMS and MAX_ITEM_CHARS by forgetting the
+        oldest items (never ``rec`` itself)."""
+        it = rec.item
+        rec.chars = len(it.arguments or "") + len(it.output or "")
+        rec.chars += sum(len(c.text or "") + len(c.transcript or "") for c in it.content or [])
+        self.items[rec.id] = rec
+        self._item_chars += rec.chars
+        while len(self.items) > MAX_ITEMS or (self._item_chars > MAX_ITEM_CHARS and len(self.items) > 1):
+            oldest = next(k for k in self.items if k != rec.id)
+            self._item_chars -= self.items.pop(oldest).chars
+            self.items_forgotten += 1
 
     async def _on_item_create(self, ev: wire.ItemCreate) -> None:
         it = ev.item
@@ -682,7 +705,7 @@ class RealtimeSession:
         r.item = rec
         self.emit(wire.OutputItemAdded(response_id=r.id, item=_snapshot(item, content=[])))
         if not r.out_of_band:
-            self.items[rec.id] = rec
+            self._remember(rec)
             self.emit(wire.ItemAdded(item=_snapshot(item, content=[]), previous_item_id=prev))
         part = wire.Part(type="audio", transcript="") if r.audio else wire.Part(type="text", text="")
         self.emit(wire.ContentPartAdded(response_id=r.id, item_id=rec.id, part=part))
