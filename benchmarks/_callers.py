@@ -16,15 +16,27 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
+import contextlib
+import json
+import math
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from _common import ROOT  # noqa: F401  (puts the repository root on sys.path)
 
+from livekit_omni.live import wire
 from livekit_omni.testing.live_client import LiveClient
+from tests.conftest import ServerProcess
 from tests.speech_fixtures import AUDIBLE_DBFS, loud_windows, speech_bounds_ms, synthesize_speech
+
+#: The rates the callers use: PCM16 at 24 kHz over the Live WebSocket; Opus's 48 kHz over WebRTC.
+WS_RATE = 24_000
+WEBRTC_RATE = 48_000
 
 
 class HeardAudio:
@@ -34,13 +46,15 @@ class HeardAudio:
     chunk's arrival time plus its offset into the chunk (a window that straddles two chunks counts in the first).
     """
 
-    def __init__(self, rate: int, floor_db: float = AUDIBLE_DBFS) -> None:
+    def __init__(self, rate: int, floor_db: float = AUDIBLE_DBFS, *, keep_levels: bool = False) -> None:
         if rate % 100:
             raise ValueError("the rate must hold whole 10 ms windows")
         self.rate = rate
         self.window = rate // 100
         self.floor_db = floor_db
         self.loud: list[tuple[int, float]] = []
+        #: With ``keep_levels``: (dBFS, time heard) of every scanned window, loud or not.
+        self.levels: list[tuple[float, float]] | None = [] if keep_levels else None
         self._samples = 0  # samples received
         self._starts: list[int] = []  # first sample of each chunk
         self._arrivals: list[float] = []
@@ -62,9 +76,17 @@ class HeardAudio:
         if not n:
             return
         hits = loud_windows(self._tail[: n * self.window], self.rate, self.floor_db)
-        for i in hits:
-            w = self._scanned + int(i)
-            self.loud.append((w, self.heard_at(w * self.window)))
+        if self.levels is not None:
+            # heard_at() only moves forward: every window's time once, in order, then the loud ones from those.
+            x = self._tail[: n * self.window].astype(np.float64).reshape(n, self.window)
+            db = 20 * np.log10(np.maximum(np.sqrt((x * x).mean(axis=1)), 1e-3) / 32768)
+            times = [self.heard_at((self._scanned + i) * self.window) for i in range(n)]
+            self.levels.extend(zip(db.tolist(), times, strict=True))
+            self.loud.extend((self._scanned + int(i), times[int(i)]) for i in hits)
+        else:
+            for i in hits:
+                w = self._scanned + int(i)
+                self.loud.append((w, self.heard_at(w * self.window)))
         self._tail = self._tail[n * self.window :]
         self._scanned += n
 
@@ -79,15 +101,23 @@ class HeardAudio:
 
     def first_loud_after(self, t: float, from_window: int = 0) -> tuple[int, float] | None:
         """The first audible window at or after ``from_window`` heard at or after ``t``."""
-        return next(((w, h) for w, h in self.loud if w >= from_window and h >= t), None)
+        # The windows are in order: skip those before from_window without looking at them (a long call).
+        start = bisect.bisect_left(self.loud, (from_window, -math.inf))
+        return next((self.loud[i] for i in range(start, len(self.loud)) if self.loud[i][1] >= t), None)
 
 
 class LiveOutput(HeardAudio):
-    """:class:`HeardAudio` of a Live WebSocket client's output (its ``session.output_audio.delta`` bytes)."""
+    """:class:`HeardAudio` of a Live WebSocket client's output (its ``session.output_audio.delta`` bytes).
 
-    def __init__(self, client: LiveClient, rate: int, floor_db: float = AUDIBLE_DBFS) -> None:
+    ``trim=True`` removes what was scanned from the client's buffers (a long call: the soak), so only the
+    windows' timing stays."""
+
+    def __init__(
+        self, client: LiveClient, rate: int, floor_db: float = AUDIBLE_DBFS, *, trim: bool = False
+    ) -> None:
         super().__init__(rate, floor_db)
         self.client = client
+        self.trim = trim
         self._delta = 0
         self._offset = 0
 
@@ -99,6 +129,10 @@ class LiveOutput(HeardAudio):
             self.add(at, np.frombuffer(raw[: len(raw) // 2 * 2], dtype="<i2"))
             self._delta += 1
             self._offset += n
+        if self.trim:
+            del self.client.audio[: self._offset]
+            del deltas[: self._delta]
+            self._offset = self._delta = 0
         super().scan()
 
 
@@ -107,6 +141,17 @@ class _Utterance:
     pcm: npt.NDArray[np.int16]
     last_loud_chunk: int
     sent_end: asyncio.Future[float]
+
+
+def marked_sample(pcm: npt.NDArray[np.int16], rate: int, mark: str) -> int:
+    """The clip's last audible sample (``mark="end"``: where voice-to-voice starts) or its first (``"onset"``:
+    where a barge-in starts)."""
+    start_ms, end_ms = speech_bounds_ms(pcm, rate)
+    if mark == "onset":
+        return start_ms * rate // 1000
+    if mark == "end":
+        return end_ms * rate // 1000 - 1
+    raise ValueError(f"mark is 'end' or 'onset', not {mark!r}")
 
 
 class Microphone:
@@ -121,13 +166,12 @@ class Microphone:
         self._silence = base64.b64encode(bytes(self.chunk * 2)).decode()
         self._task = asyncio.create_task(self._run())
 
-    def say(self, text: str, lead_silence_ms: int = 200) -> asyncio.Future[float]:
-        """Queue ``text`` (Piper); the future resolves to the wall time its last audible sample was sent."""
+    def say(self, text: str, lead_silence_ms: int = 200, mark: str = "end") -> asyncio.Future[float]:
+        """Queue ``text`` (Piper); the future resolves to the wall time its last audible sample was sent (its first
+        with ``mark="onset"``)."""
         pcm = synthesize_speech(text, rate=self.rate, lead_silence_ms=lead_silence_ms, tail_silence_ms=0)
-        _, end_ms = speech_bounds_ms(pcm, self.rate)
-        last_loud_sample = end_ms * self.rate // 1000 - 1
         fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Utterance(pcm, last_loud_sample // self.chunk, fut))
+        self._queue.put_nowait(_Utterance(pcm, marked_sample(pcm, self.rate, mark) // self.chunk, fut))
         return fut
 
     async def _run(self) -> None:
@@ -180,3 +224,100 @@ async def hear_answer(
         if first is not None and heard.windows_received() - 1 - heard.loud[-1][0] >= quiet_windows:
             break
     return first[1] if first is not None else None
+
+
+# --- callers of a running server ------------------------------------------------------------------------------
+@dataclass
+class CallerLeg:
+    """One caller of the server: how it speaks a question (→ the time its last audible sample was sent), what it
+    hears, and the transcript events it has received so far as (type, text)."""
+
+    path: str
+    #: ``say(text, mark="end")`` → the time the marked sample was sent (see :func:`marked_sample`).
+    say: Callable[..., Awaitable[float]]
+    heard: HeardAudio
+    transcripts: Callable[[], list[tuple[str, str]]]
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    #: Send one Live command (a dict) to the server.
+    send: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+
+
+async def ws_leg(server: ServerProcess) -> CallerLeg:
+    client = await LiveClient.connect(server.url, api_key=None)
+    started = await client.start(
+        {"model": "gpt-live-1", "audio": {"format": {"type": "audio/pcm", "rate": WS_RATE}}}
+    )
+    if not isinstance(started, wire.SessionStarted):
+        raise RuntimeError(f"session.start refused: {started}")
+    mic = Microphone(client, WS_RATE)
+
+    def transcripts() -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for e in client.events:
+            if isinstance(e, wire.InputTranscriptDelta):
+                out.append(("input", e.delta + " "))
+            elif isinstance(e, wire.OutputTranscriptDelta):
+                out.append(("output", e.delta))
+        return out
+
+    async def close() -> None:
+        await mic.stop()
+        with contextlib.suppress(Exception):
+            await client.send({"type": "session.close"})
+            await client.next_event(wire.SessionClosed, timeout=5)
+        await client.close()
+
+    return CallerLeg(
+        "ws",
+        lambda q, mark="end": mic.say(q, mark=mark),
+        LiveOutput(client, WS_RATE),
+        transcripts,
+        [close],
+        client.send,
+    )
+
+
+async def webrtc_leg(server: ServerProcess, *, keep_levels: bool = False) -> CallerLeg:
+    import aiohttp
+
+    from livekit_omni.testing.webrtc_caller import WebRTCCaller
+    from media.webrtc import enable_loopback_ice
+
+    enable_loopback_ice()  # the server runs with webrtc.loopback_only; this side gathers 127.0.0.1 too
+    heard = HeardAudio(WEBRTC_RATE, keep_levels=keep_levels)
+    caller = WebRTCCaller(loop=False, on_audio=heard.add, record_audio=False)
+    body = {"session": {"model": "gpt-live-1"}, "transport": {"type": "webrtc", "sdp": await caller.offer()}}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(server.url + "/v1/live/sessions", json=body) as r,
+    ):
+        answer = await r.json()
+        if r.status != 200:
+            raise RuntimeError(f"WebRTC session refused: {r.status} {answer}")
+    await caller.accept(answer["transport"]["sdp"])
+    await asyncio.wait_for(caller.opened.wait(), 15)
+    events: list[tuple[str, str]] = []
+
+    def transcripts() -> list[tuple[str, str]]:
+        while caller.messages:
+            ev = json.loads(caller.messages.popleft())
+            if ev["type"] == "session.input_transcript.delta":
+                events.append(("input", ev["delta"] + " "))
+            elif ev["type"] == "session.output_transcript.delta":
+                events.append(("output", ev["delta"]))
+        return events
+
+    async def say(q: str, mark: str = "end") -> float:
+        pcm = synthesize_speech(q, rate=WEBRTC_RATE, lead_silence_ms=200, tail_silence_ms=0)
+        return await caller.say(pcm, marked_sample(pcm, WEBRTC_RATE, mark))
+
+    async def send(cmd: dict[str, Any]) -> None:
+        caller.send(json.dumps(cmd))
+
+    async def close() -> None:
+        with contextlib.suppress(Exception):
+            caller.send(json.dumps({"type": "session.close", "event_id": "bye"}))
+            await asyncio.sleep(0.3)
+        await caller.close()
+
+    return CallerLeg("webrtc", say, heard, transcripts, [close], send)

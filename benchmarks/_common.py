@@ -34,9 +34,14 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def dumps(result: dict[str, Any]) -> str:
+    """``result`` as one line of JSON, NaN as null."""
+    return json.dumps(_clean(result), default=str)
+
+
 def finish(result: dict[str, Any]) -> None:
     """The last line of every benchmark: one JSON object with its figures (NaN becomes null)."""
-    print(json.dumps(_clean(result), default=str), flush=True)
+    print(dumps(result), flush=True)
 
 
 def make_thinker_backend(

@@ -11,21 +11,33 @@ at real time. A poller thread watches the epoch word in the egress ring header e
 * baseline, same trials: a turn-based pipeline stops only when the caller's turn ends (the VAD endpoint), so its
   stop time is first speech frame → endpoint (SpeechStopped) — measured on the same utterances.
 
-    python benchmarks/bargein.py [--trials 20] [--quick]
+* ``--path webrtc`` (where the caller hears it): a real server (``make serve`` defaults) and an aiortc caller
+  through the media plane (Opus both ways, jitter buffer). The model tells a long story (a commentary append on
+  the data channel); after 1 s of it the caller interrupts. **Stop** = the caller's onset (the time the frame that
+  holds the interruption's first audible sample was sent) → the first received 10 ms window from which the model's
+  output stays at least 30 dB below its level (its loud windows over the 600 ms before the onset) up to 1.5 s after
+  the onset. The duck (``engine.turn_taking.duck_db``, 40 dB by default) lowers the output at the first frames of
+  caller speech; the baseline, same run, is a server started with ``duck_db=0``, which stops only at the epoch
+  flush (the barge-in minimum of speech).
+
+    python benchmarks/bargein.py [--path engine|webrtc|all] [--trials 20] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import threading
 import time
 
+from _callers import CallerLeg, webrtc_leg
 from _common import finish, pct
+from _load import scrape
 
 from engine_bridge import protocol as p
-from tests.conftest import connect_engine, spawn_engine
+from tests.conftest import connect_engine, spawn_engine, start_server
 from tests.engine_driver import SessionDriver
 from tests.speech_fixtures import speech_bounds_ms, synthesize_speech
 
@@ -97,15 +109,99 @@ async def trial(client, i: int) -> dict[str, float] | None:
         await session.close()
 
 
-async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trials", type=int, default=20)
-    ap.add_argument("--quick", action="store_true", help="5 trials")
-    args = ap.parse_args()
-    n = 5 if args.quick else args.trials
+# --- at the listener, over WebRTC --------------------------------------------------------------------------------
+DUCK_BELOW_DB = 30.0
+STOP_HOLD_S = 1.5
+NAN = float("nan")
+
+
+def output_stop_ms(leg: CallerLeg, onset: float) -> tuple[float, float]:
+    """(onset → the output stays DUCK_BELOW_DB under its level, in ms; the answer's level in dBFS) from the
+    caller's received windows (see the module docstring); NaN when it never stays down."""
+    levels = leg.heard.levels or []
+    before = [d for d, t in levels if onset - 0.6 <= t < onset and d > -45.0]
+    if not before:
+        return NAN, NAN
+    level = 10 * math.log10(sum(10 ** (d / 10) for d in before) / len(before))
+    after = [(d, t) for d, t in levels if onset <= t <= onset + STOP_HOLD_S]
+    stop = NAN
+    for d, t in reversed(after):  # the earliest window from which every later one is quiet
+        if d > level - DUCK_BELOW_DB:
+            break
+        stop = t
+    return (stop - onset) * 1000, level
+
+
+async def webrtc_trials(n: int, *, duck_db: float | None) -> list[dict[str, float]]:
+    env = {
+        "LIVEKIT_OMNI_WEBRTC__LOOPBACK_ONLY": "true",
+        "LIVEKIT_OMNI_EVENT_LOG": "",
+        "LIVEKIT_OMNI_LOG_LEVEL": "WARNING",
+    }
+    if duck_db is not None:
+        env["LIVEKIT_OMNI_ENGINE__TURN_TAKING__DUCK_DB"] = str(duck_db)
+    server = await asyncio.to_thread(start_server, adapter="cascade", env=env, ready_timeout=400)
+    rows: list[dict[str, float]] = []
+    try:
+        leg = await webrtc_leg(server, keep_levels=True)
+        assert leg.send is not None
+        try:
+            await asyncio.sleep(1.0)
+            i = 0
+            while len(rows) < n and i < 3 * n:
+                i += 1
+                leg.heard.scan()
+                w0 = leg.heard.windows_received()
+                await leg.send({"type": "session.commentary.append", "content": STORY, "delegation_id": None})
+                t0 = time.monotonic()
+                first = None
+                while first is None and time.monotonic() < t0 + 30:
+                    await asyncio.sleep(0.05)
+                    leg.heard.scan()
+                    first = leg.heard.first_loud_after(t0, w0)
+                if first is None:
+                    print(f"webrtc trial {i}: no answer heard", file=sys.stderr)
+                    continue
+                await asyncio.sleep(max(0.0, first[1] + 0.5 - time.monotonic()))  # half a second of the story
+                barge_ins = await asyncio.to_thread(_barge_ins, server.url)
+                onset = await leg.say(INTERRUPTIONS[i % len(INTERRUPTIONS)], mark="onset")
+                await asyncio.sleep(max(0.0, onset + STOP_HOLD_S + 0.3 - time.monotonic()))
+                leg.heard.scan()
+                if await asyncio.to_thread(_barge_ins, server.url) == barge_ins:
+                    # The answer ended on its own before the barge-in minimum: its silence is no stop; retried.
+                    print(f"webrtc trial {i}: the answer ended before the barge-in; retried", file=sys.stderr)
+                    await asyncio.sleep(4.0)
+                    continue
+                stop, level = output_stop_ms(leg, onset)
+                rows.append({"stop_ms": stop, "level_dbfs": level})
+                print(
+                    f"webrtc trial {len(rows):2d} (duck_db={duck_db if duck_db is not None else 'default'}): "
+                    f"output down {stop:6.0f} ms after the onset (answer at {level:5.1f} dBFS)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                # Let the answer to the interruption play out, so the next story starts on a quiet line.
+                await asyncio.sleep(4.0)
+        finally:
+            for close in leg.closers:
+                await close()
+    finally:
+        await asyncio.to_thread(server.stop)
+    return rows
+
+
+def _barge_ins(url: str) -> float:
+    """The server's count of caller barge-ins (its /metrics)."""
+    return sum(v for (name, _), v in scrape(url).items() if name == "livekit_omni_barge_ins_total")
+
+
+def _finite(xs: list[float]) -> list[float]:
+    return [x for x in xs if x == x]
+
+
+async def engine_trials(n: int) -> list[dict[str, float]]:
     eng = spawn_engine(adapter="cascade")
     rows: list[dict[str, float]] = []
-    t0 = time.monotonic()
     try:
         client = await connect_engine(eng)
         i = 0
@@ -125,19 +221,30 @@ async def main() -> None:
         await client.close()
     finally:
         eng.stop()
-    bump = [r["bump_ms"] for r in rows if r["bump_ms"] == r["bump_ms"]]
-    stop = [r["client_stop_ms"] for r in rows if r["client_stop_ms"] == r["client_stop_ms"]]
-    turn = [r["turn_based_ms"] for r in rows if r["turn_based_ms"] == r["turn_based_ms"]]
+    return rows
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--path", default="all", choices=("engine", "webrtc", "all"))
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="5 trials (3 over WebRTC)")
+    args = ap.parse_args()
+    n = 5 if args.quick else args.trials
+    t0 = time.monotonic()
+    out: dict[str, float | int] = {}
     print()
-    print(f"{'barge-in (ms, n=' + str(len(rows)) + ')':34} {'p50':>8} {'p95':>8}")
-    print(f"{'speech onset -> epoch bump':34} {pct(bump, 50):8.0f} {pct(bump, 95):8.0f}")
-    print(f"{'speech onset -> last stale frame':34} {pct(stop, 50):8.0f} {pct(stop, 95):8.0f}")
-    print(f"{'baseline: stop at turn end (VAD)':34} {pct(turn, 50):8.0f} {pct(turn, 95):8.0f}")
-    print(
-        f"missed bumps: {len(rows) - len(bump)}; wall time {time.monotonic() - t0:.0f} s; targets p50 <= 250, p95 <= 350"
-    )
-    finish(
-        {
+    if args.path in ("engine", "all"):
+        rows = await engine_trials(n)
+        bump = _finite([r["bump_ms"] for r in rows])
+        stop = _finite([r["client_stop_ms"] for r in rows])
+        turn = _finite([r["turn_based_ms"] for r in rows])
+        print(f"{'engine: barge-in (ms, n=' + str(len(rows)) + ')':44} {'p50':>8} {'p95':>8}")
+        print(f"{'speech onset -> epoch bump':44} {pct(bump, 50):8.0f} {pct(bump, 95):8.0f}")
+        print(f"{'speech onset -> last stale frame':44} {pct(stop, 50):8.0f} {pct(stop, 95):8.0f}")
+        print(f"{'baseline: stop at turn end (VAD)':44} {pct(turn, 50):8.0f} {pct(turn, 95):8.0f}")
+        print(f"missed bumps: {len(rows) - len(bump)}; targets p50 <= 250, p95 <= 350")
+        out |= {
             "p50_ms": pct(bump, 50),
             "p95_ms": pct(bump, 95),
             "client_stop_p50_ms": pct(stop, 50),
@@ -146,7 +253,27 @@ async def main() -> None:
             "missed": len(rows) - len(bump),
             "trials": len(rows),
         }
-    )
+    if args.path in ("webrtc", "all"):
+        m = 3 if args.quick else min(n, 10)
+        ducked = await webrtc_trials(m, duck_db=None)
+        flushed = await webrtc_trials(m, duck_db=0.0)
+        d = _finite([r["stop_ms"] for r in ducked])
+        f = _finite([r["stop_ms"] for r in flushed])
+        print()
+        print(f"{'webrtc: onset -> output -30 dB (ms)':44} {'p50':>8} {'p95':>8} {'missed':>7}")
+        print(f"{'duck (default settings)':44} {pct(d, 50):8.0f} {pct(d, 95):8.0f} {len(ducked) - len(d):7d}")
+        print(
+            f"{'baseline: flush only (duck_db=0)':44} {pct(f, 50):8.0f} {pct(f, 95):8.0f} {len(flushed) - len(f):7d}"
+        )
+        out |= {
+            "webrtc_duck_p50_ms": pct(d, 50),
+            "webrtc_duck_p95_ms": pct(d, 95),
+            "webrtc_flush_only_p50_ms": pct(f, 50),
+            "webrtc_duck_missed": len(ducked) - len(d),
+            "webrtc_trials": len(ducked),
+        }
+    print(f"wall time {time.monotonic() - t0:.0f} s")
+    finish(out)
 
 
 if __name__ == "__main__":

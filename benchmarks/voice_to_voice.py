@@ -29,34 +29,32 @@ is the difference to the caller's figure minus the endpoint.
 The machine's other load shows in every figure: compare paths of one run, not runs of different minutes.
 
     python benchmarks/voice_to_voice.py [--path engine|ws|webrtc|all] [--turns 10] [--quick] [--no-baseline]
-                                        [--backend torch|vllm]
+                                        [--backend torch|vllm] [--asr-window-baseline]
+
+``--asr-window-baseline`` runs the engine path once more with whisper's 30 s encoder window
+(``engine.models.asr_window = full``; the default fits the window to the utterance) and reports its
+``asr_final_ms_full_window`` and ``full_window_p50_ms`` beside the default's.
 
 Last stdout line: one JSON object with ``p50_ms``/``p95_ms`` (engine), ``sequential_p50_ms``, ``ws_p50_ms``,
 ``webrtc_p50_ms``, ``webrtc_p95_ms``, ``turn10_over_turn1`` (webrtc when it ran, else the first path run), the
-stage medians, and the per-turn rows.
+stage medians (``asr_final_ms`` and more), and the per-turn rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import statistics
 import sys
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from _callers import HeardAudio, LiveOutput, Microphone, hear_answer
+from _callers import CallerLeg, HeardAudio, hear_answer, webrtc_leg, ws_leg
 from _common import finish, pct
 
 from engine_bridge import protocol as p
 from engine_bridge.formats import ENGINE_OUTPUT_RATE
-from livekit_omni.live import wire
-from livekit_omni.testing.live_client import LiveClient
 from tests.conftest import ServerProcess, connect_engine, spawn_engine, start_server
 from tests.engine_driver import SessionDriver
 from tests.speech_fixtures import speech_bounds_ms, synthesize_speech
@@ -74,8 +72,6 @@ QUESTIONS = [
     "What animal says moo?",
 ]
 PATHS = ("engine", "ws", "webrtc")
-WS_RATE = 24_000
-WEBRTC_RATE = 48_000
 #: An answer is over once this much received output has been quiet after its last audible window.
 QUIET_AFTER_REPLY_S = 1.2
 TURN_TIMEOUT_S = 25.0
@@ -148,18 +144,6 @@ async def run_engine(
 
 
 # ------------------------------------------------------------------------------------------------ ws / webrtc
-@dataclass
-class CallerLeg:
-    """One caller of the server: how it speaks a question (→ the time its last audible sample was sent), what it
-    hears, and the transcript events it has received so far as (type, text)."""
-
-    path: str
-    say: Callable[[str], Awaitable[float]]
-    heard: HeardAudio
-    transcripts: Callable[[], list[tuple[str, str]]]
-    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
-
-
 async def spoken_turn(leg: CallerLeg, i: int, q: str) -> dict[str, Any]:
     seen = len(leg.transcripts())
     leg.heard.scan()
@@ -180,78 +164,6 @@ async def spoken_turn(leg: CallerLeg, i: int, q: str) -> dict[str, Any]:
     }
     _progress(row)
     return row
-
-
-async def ws_leg(server: ServerProcess) -> CallerLeg:
-    client = await LiveClient.connect(server.url, api_key=None)
-    started = await client.start(
-        {"model": "gpt-live-1", "audio": {"format": {"type": "audio/pcm", "rate": WS_RATE}}}
-    )
-    if not isinstance(started, wire.SessionStarted):
-        raise RuntimeError(f"session.start refused: {started}")
-    mic = Microphone(client, WS_RATE)
-
-    def transcripts() -> list[tuple[str, str]]:
-        out: list[tuple[str, str]] = []
-        for e in client.events:
-            if isinstance(e, wire.InputTranscriptDelta):
-                out.append(("input", e.delta + " "))
-            elif isinstance(e, wire.OutputTranscriptDelta):
-                out.append(("output", e.delta))
-        return out
-
-    async def close() -> None:
-        await mic.stop()
-        with contextlib.suppress(Exception):
-            await client.send({"type": "session.close"})
-            await client.next_event(wire.SessionClosed, timeout=5)
-        await client.close()
-
-    return CallerLeg("ws", lambda q: mic.say(q), LiveOutput(client, WS_RATE), transcripts, [close])
-
-
-async def webrtc_leg(server: ServerProcess) -> CallerLeg:
-    import aiohttp
-
-    from livekit_omni.testing.webrtc_caller import WebRTCCaller
-    from media.webrtc import enable_loopback_ice
-
-    enable_loopback_ice()  # the server runs with webrtc.loopback_only; this side gathers 127.0.0.1 too
-    heard = HeardAudio(WEBRTC_RATE)
-    caller = WebRTCCaller(loop=False, on_audio=heard.add, record_audio=False)
-    body = {"session": {"model": "gpt-live-1"}, "transport": {"type": "webrtc", "sdp": await caller.offer()}}
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(server.url + "/v1/live/sessions", json=body) as r,
-    ):
-        answer = await r.json()
-        if r.status != 200:
-            raise RuntimeError(f"WebRTC session refused: {r.status} {answer}")
-    await caller.accept(answer["transport"]["sdp"])
-    await asyncio.wait_for(caller.opened.wait(), 15)
-    events: list[tuple[str, str]] = []
-
-    def transcripts() -> list[tuple[str, str]]:
-        while caller.messages:
-            ev = json.loads(caller.messages.popleft())
-            if ev["type"] == "session.input_transcript.delta":
-                events.append(("input", ev["delta"] + " "))
-            elif ev["type"] == "session.output_transcript.delta":
-                events.append(("output", ev["delta"]))
-        return events
-
-    async def say(q: str) -> float:
-        pcm = synthesize_speech(q, rate=WEBRTC_RATE, lead_silence_ms=200, tail_silence_ms=0)
-        _, end_ms = speech_bounds_ms(pcm, WEBRTC_RATE)
-        return await caller.say(pcm, end_ms * WEBRTC_RATE // 1000 - 1)
-
-    async def close() -> None:
-        with contextlib.suppress(Exception):
-            caller.send(json.dumps({"type": "session.close", "event_id": "bye"}))
-            await asyncio.sleep(0.3)
-        await caller.close()
-
-    return CallerLeg("webrtc", say, heard, transcripts, [close])
 
 
 async def run_server_paths(
@@ -388,6 +300,11 @@ async def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3 turns per path")
     ap.add_argument("--no-baseline", action="store_true", help="skip the engine path's sequential baseline")
     ap.add_argument("--backend", default="torch", choices=("torch", "vllm"))
+    ap.add_argument(
+        "--asr-window-baseline",
+        action="store_true",
+        help="the engine path once more with whisper's full 30 s window (engine.models.asr_window = full)",
+    )
     args = ap.parse_args()
     turns = 3 if args.quick else args.turns
     paths = list(PATHS) if args.path == "all" else [args.path]
@@ -398,6 +315,10 @@ async def main() -> None:
     groups: dict[str, list[dict[str, Any]]] = {}
     if "engine" in paths:
         groups["engine"] = await run_engine("overlapped", thinker, turns, startup)
+        if args.asr_window_baseline:
+            groups["engine asr 30 s"] = await run_engine(
+                "asr-full-window", {**thinker, "models": {"asr_window": "full"}}, turns, startup
+            )
         if not args.no_baseline:
             groups["engine sequential"] = await run_engine(
                 "sequential",
@@ -435,6 +356,8 @@ async def main() -> None:
         "turn10_over_turn1_by_path": {n: s["turn10_over_turn1"] for n, s in sums.items()},
         "vad_endpoint_ms": eng.get("endpoint_ms", NAN),
         "asr_final_ms": eng.get("asr_ms", NAN),
+        "asr_final_ms_full_window": sums.get("engine asr 30 s", {}).get("asr_ms", NAN),
+        "full_window_p50_ms": sums.get("engine asr 30 s", {}).get("p50_ms", NAN),
         "thinker_first_clause_ms": eng.get("thinker_first_clause_ms", NAN),
         "tts_first_chunk_ms": eng.get("tts_first_chunk_ms", NAN),
         "lead_silence_ms": eng.get("lead_silence_ms", NAN),

@@ -92,9 +92,34 @@ class EngineSession:
             self.client.ring_doorbell()
 
     # --- commands ------------------------------------------------------------------------------------------
-    async def append_text(self, kind: p.AppendKind, text: str) -> p.TextAppended:
-        cmd = p.AppendText(req_id=0, session_id=self.id, kind=kind, text=text)
+    async def append_text(
+        self, kind: p.AppendKind, text: str, *, max_output_tokens: int = 0
+    ) -> p.TextAppended:
+        cmd = p.AppendText(
+            req_id=0, session_id=self.id, kind=kind, text=text, max_output_tokens=max_output_tokens
+        )
         return await self.client.call(cmd, p.TextAppended)
+
+    async def update(
+        self,
+        *,
+        instructions: str | None = None,
+        voice: str | None = None,
+        turn_taking: p.TurnTakingConfig | None = None,
+        temperature: float | None = None,
+        max_output_tokens: int | None = None,
+    ) -> None:
+        """Change the running session's settings (``UpdateSession``; None keeps a setting)."""
+        cmd = p.UpdateSession(
+            req_id=0,
+            session_id=self.id,
+            instructions=instructions,
+            voice=voice,
+            turn_taking=turn_taking,
+            temperature=temperature,
+            max_output_tokens=max_output_tokens,
+        )
+        await self.client.call(cmd, p.Ack)
 
     async def set_mute(self, muted: bool) -> p.MuteSet:
         return await self.client.call(p.SetMute(req_id=0, session_id=self.id, muted=muted), p.MuteSet)

@@ -39,6 +39,13 @@ class TurnTakingSettings(BaseModel):
     silence_ms: int = Field(500, ge=100, le=5000)
     #: Caller speech while the model talks must last this long to interrupt it (shorter: a backchannel).
     barge_in_min_ms: int = Field(200, ge=20, le=3000)
+    #: Caller sound over model speech lowers the model's output by this much within one frame, until the barge-in
+    #: decides (the epoch flush) or the sound ends as a backchannel (the level comes back). 0: no duck.
+    duck_db: float = Field(40.0, ge=0.0, le=96.0)
+    #: Consecutive speech frames heard before the duck (shorter sounds, clicks, leave the model's level alone).
+    duck_onset_ms: int = Field(40, ge=20, le=1000)
+    #: Silence after which a duck that led to no barge-in is lifted.
+    duck_release_ms: int = Field(160, ge=20, le=3000)
     #: Silence after which the transcript and the reply are prepared speculatively, before the endpoint.
     speculative_ms: int = Field(120, ge=0, le=5000)
     #: The first clause of a reply is voiced once it has this many words, even before punctuation (0: off).
@@ -47,6 +54,10 @@ class TurnTakingSettings(BaseModel):
 
 class ModelSettings(BaseModel):
     asr: Literal["whisper", "pocketsphinx"] = "whisper"
+    #: Whisper's encoder window: ``fit`` (the utterance plus 3 s) or ``full`` (whisper's fixed 30 s). ``fit``
+    #: transcribes a 2-3 s question in about a quarter of the time and CPU (8 word errors in 190 against 5, the
+    #: same spoken-answer accuracy; docs/speech-stack.md, ASR).
+    asr_window: Literal["fit", "full"] = "fit"
     tts: Literal["piper", "espeak"] = "piper"
 
 

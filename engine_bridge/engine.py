@@ -60,6 +60,19 @@ SCHEDULER_IDLE_S: Final = 0.005
 READ_CHUNK_SAMPLES: Final = 16_000  # at most 1 s of caller audio per session per tick
 
 
+#: The sampling temperatures a session may ask for (0 is greedy).
+MAX_TEMPERATURE: Final = 2.0
+
+
+def _check_settings(temperature: float | None, max_output_tokens: int | None) -> str:
+    """Why these per-session settings are refused ("" when they are fine)."""
+    if temperature is not None and not 0.0 <= temperature <= MAX_TEMPERATURE:
+        return f"temperature is between 0 and {MAX_TEMPERATURE:g}"
+    if max_output_tokens is not None and max_output_tokens < 0:
+        return "max_output_tokens is 0 (the engine's reply limit) or more"
+    return ""
+
+
 class AdmissionError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -264,7 +277,13 @@ class Engine:
         match cmd:
             case p.AppendText():
                 at = session.input_ms
-                session.post(TextAppend(cmd.kind, cmd.text, at))
+                if cmd.max_output_tokens < 0:
+                    return p.ErrorReply(
+                        req_id=cmd.req_id,
+                        code=p.ErrorCode.INVALID_REQUEST,
+                        message="max_output_tokens is 0 (the session's limit) or more",
+                    )
+                session.post(TextAppend(cmd.kind, cmd.text, at, cmd.max_output_tokens))
                 self._wake.set()
                 return p.Reply(req_id=cmd.req_id, result=p.TextAppended(start_ms=at, end_ms=at))
             case p.SetMute():
@@ -280,6 +299,13 @@ class Engine:
                 session.post(TruncateRequest(cmd.turn_id, cmd.text))
                 self._wake.set()
                 return p.Reply(req_id=cmd.req_id)
+            case p.UpdateSession():
+                problem = _check_settings(cmd.temperature, cmd.max_output_tokens)
+                if problem:
+                    return p.ErrorReply(req_id=cmd.req_id, code=p.ErrorCode.INVALID_REQUEST, message=problem)
+                session.apply_update(cmd)
+                self._wake.set()
+                return p.Reply(req_id=cmd.req_id)
             case p.Touch():
                 return p.Reply(req_id=cmd.req_id)
             case p.CloseSession():
@@ -292,6 +318,9 @@ class Engine:
         )
 
     async def _open(self, conn: ServerConnection, cmd: p.OpenSession) -> p.Reply | p.ErrorReply:
+        problem = _check_settings(cmd.config.temperature, cmd.config.max_output_tokens)
+        if problem:
+            return p.ErrorReply(req_id=cmd.req_id, code=p.ErrorCode.INVALID_REQUEST, message=problem)
         if self.state != "ready":
             code = (
                 p.ErrorCode.ENGINE_LOADING if self.state in ("starting", "loading") else p.ErrorCode.INTERNAL

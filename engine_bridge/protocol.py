@@ -59,6 +59,11 @@ class SessionConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
     turn_taking: TurnTakingConfig = msgspec.field(default_factory=TurnTakingConfig)
     #: Idle TTL: the session is reaped when no client touches it for this long (0: the engine default).
     idle_ttl_s: float = 0.0
+    #: Sampling temperature of the session's replies (None: the engine's spoken-reply decoding, greedy).
+    temperature: float | None = None
+    #: Most thinker tokens one reply may generate (0: the engine's own reply limit). A reply cut by it ends with
+    #: ``ReplyDone(capped=True)``.
+    max_output_tokens: int = 0
 
 
 # --- commands (client -> engine) -------------------------------------------------------------------------------
@@ -102,6 +107,8 @@ class AppendText(_Msg):
     session_id: str
     kind: AppendKind
     text: str = ""
+    #: ``respond`` only: the most thinker tokens this one reply may generate (0: the session's limit).
+    max_output_tokens: int = 0
 
 
 class SetMute(_Msg):
@@ -130,6 +137,22 @@ class TruncateReply(_Msg):
     session_id: str
     turn_id: int
     text: str
+
+
+class UpdateSession(_Msg):
+    """Change a running session's settings (the Realtime dialect's ``session.update`` mid-session). Every field is
+    optional: None keeps the current value. Applied by the session's owner (the scheduler thread) in mailbox order:
+    turn-taking, voice, temperature and the token cap from the next turn or reply on; new ``instructions`` rebuild
+    the thinker's system segment (one rebuild of the log, the conversation kept), deferred while a reply runs.
+    ``turn_taking`` replaces the session's turn-taking overrides as a whole."""
+
+    req_id: int
+    session_id: str
+    instructions: str | None = None
+    voice: str | None = None
+    turn_taking: TurnTakingConfig | None = None
+    temperature: float | None = None
+    max_output_tokens: int | None = None
 
 
 class Touch(_Msg):
@@ -199,6 +222,7 @@ Command = (
     | SetMute
     | Interrupt
     | TruncateReply
+    | UpdateSession
     | Touch
     | CloseSession
     | GetStats
@@ -377,6 +401,7 @@ RESULT_OF: Final[dict[type[Command], type[ReplyResult]]] = {
     SetMute: MuteSet,
     Interrupt: Interrupted,
     TruncateReply: Ack,
+    UpdateSession: Ack,
     Touch: Ack,
     CloseSession: Ack,
     GetStats: SessionStats,
@@ -487,6 +512,8 @@ class ReplyDone(_Msg):
     input_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
+    #: Generation stopped at the reply's ``max_output_tokens`` (the client's cap), not at the model's end of turn.
+    capped: bool = False
 
 
 class BargeIn(_Msg):

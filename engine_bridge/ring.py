@@ -15,6 +15,7 @@ consumer never write to the same cache line)::
     64   write cursor u64 (monotonic; only the producer writes it)
     128  read cursor u64 (monotonic; only the consumer writes it)
     192  epoch u64 (only the engine writes it)
+    200  output attenuation u64, Q16: 0 = unity, 65536 = mute (only the engine writes it; the barge-in duck)
     256  flags u64 (bit 0: producer closed, bit 1: consumer closed), overruns u64, stale_dropped u64
     320  playout: played_turn_id u64, played_samples u64, played_epoch u64 (written by the egress reader)
     512  data[capacity]
@@ -74,6 +75,7 @@ SHM_DIR: Final = Path("/dev/shm")
 _OFF_WRITE: Final = 64
 _OFF_READ: Final = 128
 _OFF_EPOCH: Final = 192
+_OFF_ATTENUATION: Final = 200
 _OFF_FLAGS: Final = 256
 _OFF_OVERRUNS: Final = 264
 _OFF_STALE: Final = 272
@@ -86,6 +88,7 @@ _INT16 = np.dtype(np.int16)
 _W_WRITE: Final = _OFF_WRITE // 8
 _W_READ: Final = _OFF_READ // 8
 _W_EPOCH: Final = _OFF_EPOCH // 8
+_W_ATTENUATION: Final = _OFF_ATTENUATION // 8
 _W_FLAGS: Final = _OFF_FLAGS // 8
 _W_OVERRUNS: Final = _OFF_OVERRUNS // 8
 _W_STALE: Final = _OFF_STALE // 8
@@ -95,6 +98,9 @@ _W_PLAYED_EPOCH: Final = _OFF_PLAYED_EPOCH // 8
 
 FLAG_PRODUCER_CLOSED: Final = 1
 FLAG_CONSUMER_CLOSED: Final = 2
+
+#: Unity gain in the Q16 attenuation word's scale.
+_Q16: Final = 1 << 16
 
 #: Egress chunk header: epoch u32, turn_id u32, seq u32, nsamples u32.
 _CHUNK = struct.Struct("<IIII")
@@ -469,6 +475,14 @@ class EgressRing(_Ring):
         self._words[_W_EPOCH] = nxt
         return nxt
 
+    def set_gain(self, gain: float) -> None:
+        """Scale what the media plane plays from its next frame on (1.0 = as written, 0.0 = mute), without
+        touching the queued audio: the barge-in duck, undone when the caller's sound was only a backchannel.
+        A zeroed header is unity, so a reader that never sees this word plays at full level."""
+        if not 0.0 <= gain <= 1.0:
+            raise ValueError(f"gain must be within [0, 1], not {gain}")
+        self._words[_W_ATTENUATION] = _Q16 - round(gain * _Q16)
+
     def free_bytes(self) -> int:
         return self.capacity_bytes - self._used_bytes()
 
@@ -535,6 +549,11 @@ class EgressRing(_Ring):
         return dropped
 
     # --- playout position (written by the media side, read by the engine) ---------------------------------
+    @property
+    def gain(self) -> float:
+        """The output gain the engine asks for (see :meth:`set_gain`)."""
+        return 1.0 - min(self._words[_W_ATTENUATION], _Q16) / _Q16
+
     def report_playout(self, epoch: int, turn_id: int, played_samples: int) -> None:
         """Record how many samples of ``turn_id`` have actually left the server (or been heard)."""
         w = self._words

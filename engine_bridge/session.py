@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import msgspec
 import numpy as np
 
 from engine_bridge import protocol as p
@@ -165,6 +166,17 @@ class DuplexSession:
         """Queue a message for the scheduler thread (the session's single owner)."""
         self.mailbox.put(msg)
 
+    def apply_update(self, cmd: p.UpdateSession) -> None:
+        """``UpdateSession``: the configuration takes the update's set fields (a new struct, so a reader on another
+        thread sees the old one or the new one, never a mix), and the owner applies them in mailbox order."""
+        changes: dict[str, Any] = {
+            name: getattr(cmd, name)
+            for name in ("instructions", "voice", "turn_taking", "temperature", "max_output_tokens")
+            if getattr(cmd, name) is not None
+        }
+        self.config = msgspec.structs.replace(self.config, **changes)
+        self.post(SettingsChange(cmd))
+
     def model_audible(self) -> bool:
         """Model speech is being produced, queued, or in the egress ring (the audio thread's barge-in test)."""
         reply = self.reply  # one read: the phase belongs to one transition
@@ -196,6 +208,7 @@ class DuplexSession:
 
     def snapshot(self) -> dict[str, Any]:
         st = self.stats
+        cfg = self.config
         played_epoch, played_turn, played = self.rings.egress.playout()
         return {
             "session_id": self.id,
@@ -211,6 +224,15 @@ class DuplexSession:
             "egress_overruns": self.rings.egress.overruns,
             "stale_dropped": self.rings.egress.stale_dropped,
             "playout": {"epoch": played_epoch, "turn_id": played_turn, "samples": played},
+            # The settings as the client last set them (OpenSession, then UpdateSession); what the adapter made of
+            # them, where it reports it, is in its own counters.
+            "config": {
+                "voice": cfg.voice,
+                "instructions": cfg.instructions,
+                "temperature": cfg.temperature,
+                "max_output_tokens": cfg.max_output_tokens,
+                "turn_taking": msgspec.structs.asdict(cfg.turn_taking),
+            },
             "log": [
                 {
                     "role": str(s.role),
@@ -237,6 +259,8 @@ class TextAppend:
     kind: str  # a protocol AppendKind
     text: str
     at_ms: int
+    #: ``respond``: the reply's own token cap (0: the session's).
+    max_output_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +276,14 @@ class TruncateRequest:
 
     turn_id: int
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class SettingsChange:
+    """``UpdateSession``: the engine core already merged it into ``DuplexSession.config``; the adapter applies
+    what changed (the fields that are not None)."""
+
+    update: p.UpdateSession
 
 
 @dataclass(frozen=True, slots=True)

@@ -589,6 +589,8 @@ function onServerEvent(ev) {
       const message = ev.error?.message ?? "unknown error";
       test.errors.push({ code, message, type: ev.error?.type ?? "" });
       transcript.marker("error", `Server error (${code}): ${message}`);
+      // A session-ending error arrives just before `session.closed`: the end notice names it (onClosed).
+      if (call && code in SESSION_END_ERRORS) call.serverError = { code, message };
       if (code === "invalid_api_key") notify("error", connectErrorMessage({ kind: "auth" }), code);
       else if (code === "session_limit_reached") notify("error", connectErrorMessage({ kind: "full" }), code);
       break;
@@ -606,6 +608,13 @@ function onConnectionState(state) {
   else if (state === "connected") setStatus("live", "Connected — speak any time");
 }
 
+// Why the server ended a call, for the errors that end one (docs/protocol.md, "Why the session ends").
+const SESSION_END_ERRORS = {
+  engine_lost: "The voice engine stopped, so the server ended the session.",
+  session_ended: "The voice engine ended the session.",
+  server_shutdown: "The server is shutting down.",
+};
+
 function onClosed(reason) {
   // A lost connection (ICE failed, or the channel dropped without session.closed) with a session to resume.
   const lost = reason === "connection_failed" || reason === "data_channel_closed";
@@ -614,6 +623,7 @@ function onClosed(reason) {
     return;
   }
   const userClosed = call?.userClosed;
+  const serverError = call?.serverError;
   stopMedia(call?.mic, call);
   call = null;
   setControls(false);
@@ -622,6 +632,12 @@ function onClosed(reason) {
   setStatus("idle", "Not connected");
   if (userClosed || reason === "close_requested") {
     transcript.marker("end", "Call ended.");
+    return;
+  }
+  if (serverError) {
+    const why = SESSION_END_ERRORS[serverError.code];
+    transcript.marker("end", why);
+    notify("error", `${why} Press Connect to start a new session.`, serverError.code);
     return;
   }
   const why = {

@@ -28,6 +28,9 @@ class LimitSettings(BaseModel):
     max_message_bytes: int = Field(8 * 1024 * 1024, ge=64 * 1024)
     #: Largest outbound message; LiveKit's client breaks above 4 MiB.
     max_outbound_bytes: int = Field(256 * 1024, ge=4 * 1024)
+    #: Outbound events queued per Live WebSocket. Audio goes out every 40-100 ms, so 512 is ~20-50 s of a client
+    #: not reading (TCP buffers add a little) before it is disconnected with 1013; the queue never grows past it.
+    outbound_queue_events: int = Field(512, ge=16)
     #: A session older than this is closed with reason ``expired``.
     session_lifetime_s: float = Field(3600.0, gt=0)
     #: Caller audio may run ahead of real time by this much (start-up backlog, bursts) before backpressure.

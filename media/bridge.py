@@ -171,3 +171,16 @@ class SessionBridge:
             "ingress": self.writer.stats(),
             "egress": self.player.stats() if self.player is not None else {},
         }
+
+    def loss_counters(self) -> dict[str, int]:
+        """What this session lost so far: ring overruns on either side (the ingress writer's drops, the engine's
+        reply audio that found egress full, both from the ring header), output frames only partly filled, and
+        output transcripts dropped on queue overflow. Zero once the rings are released."""
+        rings = None if self.session.closed else self.session.rings
+        egress = self.player.stats() if self.player is not None else {}
+        return {
+            "ingress_overruns": self.writer.overruns,
+            "egress_overruns": rings.egress.overruns if rings is not None else 0,
+            "egress_underruns": int(egress.get("underruns", 0)),
+            "transcripts_overflow": int(egress.get("transcripts_overflow", 0)),
+        }

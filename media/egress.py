@@ -3,16 +3,20 @@
 Whoever paces the session (the Live WebSocket sender, the WebRTC track, the LiveKit plugin) calls
 :meth:`EgressPlayer.next_frame` once per 20 ms. Each call
 
-1. reads the ring's epoch word; if it moved, drops the locally held remainder of any older-epoch chunk and resets
+1. reads the ring's gain word (the barge-in duck), then its epoch word; if the epoch moved, drops the locally held remainder of any older-epoch chunk and resets
    the resampler, and ``EgressRing.read_chunk`` skips queued older-epoch chunks — so after a barge-in bumps the
    epoch, the very next frame carries no stale audio;
 2. fills 20 ms at the engine output rate (24 kHz) from the held chunk and then from the ring, zero-filling what is
    missing (digital silence when nothing is queued);
 3. reports the playout position of the turn it just played (``EgressRing.report_playout``), which the engine uses
    to keep only what was heard after a barge-in;
-4. releases the :class:`~engine_bridge.protocol.OutputTranscript` events whose ``start_sample`` has now been
+4. scales the frame by the gain, ramping from the previous frame's gain over its first 2 ms (no click), so a
+   duck the engine asks for is heard within one frame and undone as fast when the caller's sound was only a
+   backchannel. The gain is read *before* the epoch: the engine lifts a duck only after bumping the epoch, so a
+   frame that sees unity after a barge-in also sees the new epoch and carries no stale audio at full level;
+5. releases the :class:`~engine_bridge.protocol.OutputTranscript` events whose ``start_sample`` has now been
    played, mapped onto the output timeline (ms since session start = frames emitted × 20);
-5. converts to the requested rate and encoding (PCM16 at 8/16/24/48 kHz — or any rate in a small ratio to 24 kHz —
+6. converts to the requested rate and encoding (PCM16 at 8/16/24/48 kHz — or any rate in a small ratio to 24 kHz —
    G.711 µ-law/A-law at 8 kHz).
 
 Memory is fixed after the first frame: one chunk buffer as large as the ring (a chunk can never be larger), two
@@ -40,6 +44,8 @@ log = logging.getLogger(__name__)
 
 #: Output transcripts waiting for their audio. The engine sends a handful per sentence; this is minutes of text.
 TRANSCRIPT_QUEUE_LIMIT: Final = 256
+#: Samples (at the engine rate) over which a gain change ramps at the start of a frame.
+GAIN_RAMP_SAMPLES: Final = ENGINE_OUTPUT_RATE * 2 // 1000
 #: Recent (epoch, turn) playout records kept for mapping transcripts that arrive after their audio played.
 TURN_TABLE_LIMIT: Final = 16
 
@@ -133,6 +139,9 @@ class EgressPlayer:
         self._code_bufs = (np.zeros(self.frame_samples, np.uint8), np.zeros(self.frame_samples, np.uint8))
         self._quiet = True  # resampler history is all zeros
         self._epoch = -1  # epoch word seen at the previous frame
+        self._gain = 1.0  # gain applied at the end of the previous frame
+        self._ramp = np.linspace(0.0, 1.0, GAIN_RAMP_SAMPLES, endpoint=False, dtype=np.float32)
+        self._scaled = np.zeros(OUTPUT_FRAME_SAMPLES, dtype=np.float32)
         self._turns: collections.OrderedDict[tuple[int, int], _Turn] = collections.OrderedDict()
         self._last_key: tuple[int, int] | None = None
         self._pending: collections.deque[OutputTranscript] = collections.deque()
@@ -184,6 +193,7 @@ class EgressPlayer:
             self._speaking = False
             return self._emit(index, 0, 0, 0, ())
         ring = self._session.rings.egress
+        gain = ring.gain  # before the epoch: see the module docstring
         epoch_now = ring.epoch
         if epoch_now != self._epoch:
             self._on_epoch(epoch_now)
@@ -206,6 +216,8 @@ class EgressPlayer:
             if filled:
                 self.underruns += 1
 
+        if gain != 1.0 or self._gain != 1.0:
+            self._apply_gain(filled, gain)
         if filled:
             turn = self._turns[(last_epoch, last_turn)]
             ring.report_playout(last_epoch, last_turn, turn.played)
@@ -236,6 +248,21 @@ class EgressPlayer:
         self._turns.clear()
 
     # --- internals -----------------------------------------------------------------------------------------
+    def _apply_gain(self, filled: int, gain: float) -> None:
+        """Scale the first ``filled`` samples of the work buffer: ramp from the last gain, then hold."""
+        prev = self._gain
+        self._gain = gain
+        if not filled:
+            return
+        work = self._work[:filled]
+        scaled = self._scaled[:filled]
+        np.multiply(work, gain, out=scaled, casting="unsafe")
+        n = min(filled, GAIN_RAMP_SAMPLES)
+        if prev != gain:
+            scaled[:n] = work[:n] * (prev + (gain - prev) * self._ramp[:n])
+        np.rint(scaled, out=scaled)
+        np.copyto(work, scaled, casting="unsafe")
+
     def _on_epoch(self, epoch_now: int) -> None:
         if self._chunk_pos < self._chunk_len and self._chunk_epoch < epoch_now:
             self._chunk_pos = self._chunk_len = 0

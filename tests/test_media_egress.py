@@ -83,6 +83,29 @@ def test_chunks_of_any_size_play_bit_exact_at_24k(session: FakeSession) -> None:
     assert eg.playout() == (0, 1, 2033)
 
 
+def test_the_engine_s_gain_word_scales_the_next_frame_with_a_short_ramp_and_unity_is_bit_exact(
+    session: FakeSession,
+) -> None:
+    eg = session.rings.egress
+    x = np.full(10 * F24, 10000, dtype=np.int16)
+    assert eg.write_chunk(0, 1, 0, x)
+    player = EgressPlayer(session, rate=24000)
+    assert np.array_equal(player.next_frame().pcm, x[:F24])  # a zeroed header word is unity
+    eg.set_gain(0.01)  # the duck: -40 dB
+    ducked = player.next_frame().pcm.copy()
+    ramp = 48  # 2 ms at 24 kHz
+    assert ducked[0] == 10000 and 100 < ducked[ramp // 2] < 10000, "ramps down from the last frame's level"
+    assert (ducked[ramp:] == 100).all(), "-40 dB from 2 ms into the frame on"
+    assert (player.next_frame().pcm == 100).all()
+    eg.set_gain(1.0)  # a backchannel: the level comes back
+    restored = player.next_frame().pcm.copy()
+    assert restored[0] == 100 and (restored[ramp:] == 10000).all()
+    assert np.array_equal(player.next_frame().pcm, x[:F24]), "unity again: the samples as written"
+    assert eg.playout() == (0, 1, 5 * F24), "ducked audio counts as played"
+    with pytest.raises(ValueError):
+        eg.set_gain(1.5)
+
+
 def test_48k_output_carries_the_tone(session: FakeSession) -> None:
     t = np.arange(24000) / 24000
     eg = session.rings.egress

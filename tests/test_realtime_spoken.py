@@ -497,7 +497,9 @@ async def test_out_of_band_response_max_output_tokens_and_idle_timeout(cascade_s
         )
         assert capped["response"]["status"] == "incomplete", capped
         assert capped["response"]["status_details"]["reason"] == "max_output_tokens"
-        assert len(words(capped["response"]["output"][0]["content"][0]["transcript"])) <= 6
+        # Counted in the thinker's tokens: the engine stopped generating at the third.
+        assert capped["response"]["usage"]["output_tokens"] == 3, capped["response"]["usage"]
+        assert len(words(capped["response"]["output"][0]["content"][0]["transcript"])) <= 3
         # Its one-time instructions left the engine's conversation with it.
         await engine_log_when(
             cascade_server,
@@ -509,3 +511,62 @@ async def test_out_of_band_response_max_output_tokens_and_idle_timeout(cascade_s
         follow = await c.until("response.created", 20)
         assert follow["response"]["status"] == "in_progress"
         await c.until("response.done", 60)
+
+
+async def engine_stats(server: ServerProcess, session_id: str) -> p.SessionStats:
+    client = await EngineClient.connect("unix:" + server.socket_path)
+    try:
+        return await client.session_stats(session_id)
+    finally:
+        await client.close()
+
+
+async def test_settings_changed_mid_session_reach_the_engine(cascade_server: ServerProcess) -> None:
+    """``session.update`` after the engine session opened is honoured by the engine: new instructions become its
+    system prompt with the conversation kept, the voice (an installed espeak-ng voice by name) voices the next
+    answer, and ``max_output_tokens`` stops it at that many thinker tokens (``incomplete``)."""
+    async with sdk_caller(cascade_server, {}, mic=False) as c:
+        sid = c.log.events[0]["session"]["id"]
+        await c.conn.send(
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": QUESTION}],
+                },
+            }
+        )
+        await c.conn.send({"type": "response.create"})
+        first = await c.logged(lambda e: e["type"] == "response.done", 60)
+        assert first["response"]["status"] == "completed", first
+        stats = await engine_stats(cascade_server, sid)
+        assert stats.extra["turn_records"][-1]["voice"] == "piper"
+        new = "You are a pirate. Answer in one short sentence."
+        await c.conn.send(
+            {
+                "type": "session.update",
+                "session": {
+                    "type": "realtime",
+                    "instructions": new,
+                    "max_output_tokens": 3,
+                    "audio": {"output": {"voice": "en-us"}},
+                },
+            }
+        )
+        updated = await c.until("session.updated", 10)
+        assert updated["session"]["max_output_tokens"] == 3
+        await c.conn.send({"type": "response.create"})
+        capped = await c.logged(
+            lambda e: e["type"] == "response.done" and e["response"]["id"] != first["response"]["id"], 60
+        )
+        stats = await engine_stats(cascade_server, sid)  # while the session is open
+    resp = capped["response"]
+    assert resp["status"] == "incomplete" and resp["status_details"]["reason"] == "max_output_tokens", resp
+    assert resp["usage"]["output_tokens"] == 3, resp["usage"]
+    assert len(c.audio.get(resp["id"], b"")) > 0
+    assert stats.log[0].role == "system" and stats.log[0].text == new, stats.log[0]
+    assert [e.text for e in stats.log if e.role == "user"] == [QUESTION]
+    assert stats.extra["instructions_rebuilds"] == 1
+    record = stats.extra["turn_records"][-1]
+    assert record["voice"] == "espeak:en-us" and record["capped"] is True and record["output_tokens"] == 3

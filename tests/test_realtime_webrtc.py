@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from openai import AsyncOpenAI
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 
@@ -167,6 +168,51 @@ async def test_raw_sdp_offer_answers_201_with_location_and_events_on_oai_events(
         err = await events.logged(lambda e: e["type"] == "error" and e["error"]["event_id"] == "r1", 10)
         assert err["error"]["code"] == "item_retrieve_invalid_item_id"
         assert caller.pc.connectionState == "connected"
+
+
+async def test_a_sideband_socket_watches_and_steers_the_call_and_hangup_ends_it(
+    loopback_calls_server: ServerProcess,
+) -> None:
+    """The openai SDK's ``client.realtime.connect(call_id=...)`` (stock, defaults) joins an answered call: both the
+    data channel and the sideband get the events of an update sent on the sideband; the sideband closing leaves the
+    call up; ``POST .../calls/{id}/hangup`` ends the call (its peer connection closes)."""
+    sdk = AsyncOpenAI(base_url=loopback_calls_server.url + "/v1", api_key=API_KEY)
+    async with call(loopback_calls_server) as (caller, events, headers):
+        created = await events.of_type("session.created", 10)
+        call_id = headers["Location"].rsplit("/", 1)[1]
+        assert call_id == created["session"]["id"]
+        async with sdk.realtime.connect(call_id=call_id) as sideband:
+            await sideband.session.update(session={"type": "realtime", "instructions": STORYTELLER})
+            seen = await asyncio.wait_for(sideband.recv(), 10)
+            assert seen.type == "session.updated" and seen.session.instructions == STORYTELLER  # type: ignore[union-attr]
+            on_channel = await events.of_type("session.updated", 10)
+            assert on_channel["session"]["instructions"] == STORYTELLER
+            # What the browser sends is seen by the sideband too.
+            events.send({"type": "conversation.item.retrieve", "item_id": "nope", "event_id": "from-browser"})
+            err = await asyncio.wait_for(sideband.recv(), 10)
+            assert err.type == "error" and err.error.event_id == "from-browser"  # type: ignore[union-attr]
+        await asyncio.sleep(0.5)
+        assert caller.pc.connectionState == "connected", "a sideband that leaves does not end the call"
+        async with aiohttp.ClientSession() as http:
+            hangup = f"{loopback_calls_server.url}/v1/realtime/calls/{call_id}/hangup"
+            async with http.post(hangup) as r:
+                assert r.status == 401  # an API key, like every other route
+            async with http.post(hangup, headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+                assert r.status == 200, await r.text()
+            await wait_for_state(caller, "closed", 10)
+            async with http.post(hangup, headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+                body = await r.json()
+                assert r.status == 404 and body["error"]["code"] == "call_not_found", body
+    async with sdk.realtime.connect(call_id="rtc_unknown") as late:
+        err = await asyncio.wait_for(late.recv(), 10)
+        assert err.type == "error" and err.error.code == "call_not_found"  # type: ignore[union-attr]
+
+
+async def wait_for_state(caller: WebRTCCaller, state: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while caller.pc.connectionState != state:
+        assert time.monotonic() < deadline, caller.pc.connectionState
+        await asyncio.sleep(0.05)
 
 
 async def test_multipart_offer_with_session_part_configures_the_call(

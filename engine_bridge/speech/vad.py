@@ -427,6 +427,15 @@ class TurnDetector:
         return self._ms(self._voiced) if self._in_speech else 0
 
     @property
+    def run_ms(self) -> int:
+        """Milliseconds of the current run of consecutive speech frames that has not (yet) started a turn: the
+        first frames of caller sound, before ``min_speech_ms`` decides it is a turn (0 when the last frame was not
+        speech, or inside a turn)."""
+        if self._in_speech or self._run_start < 0:
+            return 0
+        return self._ms(self._frame_end_pushed() - self._run_start)
+
+    @property
     def silence_ms_so_far(self) -> int:
         """Milliseconds since the last speech frame while in a turn (0 outside a turn)."""
         if not self._in_speech:

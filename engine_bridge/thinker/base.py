@@ -391,6 +391,10 @@ class ThinkerBackend(ABC):
     def session_ids(self) -> list[str]: ...
 
     @abstractmethod
+    def session_decoding(self, sid: str) -> DecodingSettings:
+        """The decoding a reply of ``sid`` uses when ``begin_reply`` is given none (set at ``open``)."""
+
+    @abstractmethod
     def memory_bytes(self) -> int:
         """Bytes of KV held by all sessions (the counter of guarantee 4, Release, in docs/architecture.md)."""
 

@@ -81,6 +81,30 @@ def opening_log(
     return out
 
 
+def reinstruct(
+    thinker: ThinkerBackend,
+    sid: str,
+    instructions: str | None,
+    conversation: Sequence[Message],
+    *,
+    previous: str | None,
+    examples: Sequence[Message] = (),
+) -> str:
+    """Give open session ``sid`` other instructions, keeping its conversation: the session is re-opened with the
+    new system segment (and ``examples``) and ``conversation`` as its history, so the whole log is prefilled in one
+    pass (one KV rebuild) and is token for token the log of a session opened that way. The session's decoding
+    stays. Instructions the thinker cannot take (too long for its context) leave ``previous`` in place. Returns ""
+    when applied, else why not. The thinker may trim the oldest turns to fit, as any ``open`` does."""
+    dec = thinker.session_decoding(sid)
+    thinker.close(sid)
+    try:
+        thinker.open(sid, instructions or None, conversation, examples=examples, decoding=dec)
+    except ValueError as e:
+        thinker.open(sid, previous or None, conversation, examples=examples, decoding=dec)
+        return str(e)
+    return ""
+
+
 def fit_message(
     fmt: ChatFormat, enc: EncodedMessage, text: str, room: int, sid: str
 ) -> tuple[EncodedMessage, str]:
@@ -383,6 +407,9 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
 
     def session_ids(self) -> list[str]:
         return list(self._sessions)
+
+    def session_decoding(self, sid: str) -> DecodingSettings:
+        return self._get(sid).decoding
 
     def decode(self, tokens: Sequence[int]) -> str:
         return self.fmt.decode(tokens)

@@ -19,6 +19,7 @@ Who runs what (all on the event loop, never blocking it):
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import secrets
@@ -32,7 +33,7 @@ import numpy as np
 from engine_bridge import protocol as p
 from engine_bridge.client import EngineSession
 from engine_bridge.control import ControlError, EngineLostError, EngineRequestError
-from engine_bridge.formats import ENGINE_OUTPUT_RATE, FRAME_MS
+from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE, FRAME_MS
 from livekit_omni.live import wire
 from livekit_omni.live.backpressure import InputBudget, InputVerdict
 from livekit_omni.live.eventlog import event_log
@@ -173,6 +174,8 @@ class HubSession(Protocol):
     """What the hub needs of a facade session, whichever dialect it speaks (Live or Realtime)."""
 
     id: str
+    #: The engine session's media (None until the engine session is open): its loss counters go to /metrics.
+    bridge: SessionBridge | None
 
     def tick(self) -> None:
         """Produce one 20 ms output frame (WebSocket sessions, from the hub's clock)."""
@@ -201,6 +204,10 @@ class LiveHub:
         self.detached: set[LiveSession] = set()
         #: The server's admission state (a draining server keeps no session for resume).
         self.drain: Drain | None = None
+        #: Loss counters (metrics.MEDIA_LOSS_KEYS) of the sessions that have ended, and of events dropped by
+        #: the facade itself; /metrics adds the open sessions' counters at scrape time.
+        self.losses: collections.Counter[str] = collections.Counter()
+        metrics.media_losses.source = self.loss_totals
 
     @property
     def admitting(self) -> bool:
@@ -219,8 +226,17 @@ class LiveHub:
         self.sessions.add(s)
 
     def discard(self, s: HubSession) -> None:
+        if s in self.sessions and s.bridge is not None:
+            self.losses.update(s.bridge.loss_counters())  # before the bridge releases the rings
         self.sessions.discard(s)
         self._ticking.pop(s, None)
+
+    def loss_totals(self) -> dict[str, int]:
+        totals = collections.Counter(self.losses)
+        for s in self.sessions:
+            if s.bridge is not None:
+                totals.update(s.bridge.loss_counters())
+        return dict(totals)
 
     def start_ticking(self, s: HubSession) -> None:
         self._ticking[s] = None
@@ -328,6 +344,9 @@ class LiveSession:
             burst_s=limits.input_burst_s, grace_s=limits.input_backpressure_grace_s, now=time.monotonic()
         )
         self._last_input = 0.0
+        # The ingress writer's overrun and dropped-sample counts already added to the metrics.
+        self._overruns_counted = 0
+        self._dropped_counted = 0
         # Timeline bookkeeping: input transcripts are kept non-decreasing.
         self._last_input_ms = 0
         self._last_output_ms = 0
@@ -382,6 +401,7 @@ class LiveSession:
             log.error(
                 "session %s: dropped a %d-byte %s event (over the outbound limit)", self.id, len(data), etype
             )
+            self.hub.losses["events_too_large"] += 1
             data = wire.encode(
                 wire.error_event(
                     "event_too_large", f"a {etype} event was too large to send", type=wire.SERVER_ERROR
@@ -762,6 +782,18 @@ class LiveSession:
             return  # beyond the burst allowance: dropped, never queued
         self.writer.write(raw)  # also rings the engine's doorbell
         self.metrics.audio_in_seconds.inc(seconds)
+        self.count_ingress_drops()
+
+    def count_ingress_drops(self) -> None:
+        """Add caller audio the ingress ring refused since the last call to the metrics. The ring never overwrites:
+        when the engine falls behind (stalled, overloaded) the newest audio is dropped (media.ingress)."""
+        writer = self.bridge.writer if self.bridge is not None else None
+        if writer is None or writer.overruns == self._overruns_counted:
+            return
+        self.metrics.ingress_dropped_seconds.inc(
+            (writer.samples_dropped - self._dropped_counted) / ENGINE_INPUT_RATE
+        )
+        self._overruns_counted, self._dropped_counted = writer.overruns, writer.samples_dropped
 
     def _admit_input(self, seconds: float, now: float) -> bool:
         """Whether ``seconds`` of caller audio fit the burst allowance; reports and enforces backpressure."""

@@ -243,6 +243,7 @@ async def _answer(live: LiveSession, transport: DataChannelTransport, sdp: str) 
 
     def on_input_frame(frame: Any) -> None:
         hub.metrics.audio_in_seconds.inc(frame.samples / frame.sample_rate)
+        live.count_ingress_drops()
 
     def on_datachannel_error(code: str, message: str) -> None:
         live.emit(wire.error_event(code, message))

@@ -23,9 +23,6 @@ from livekit_omni.live.session import CLOSE_POLICY, CLOSE_TRY_AGAIN, LiveSession
 
 log = logging.getLogger(__name__)
 
-#: Outbound events queued per connection. Audio goes out every 40-100 ms, so this is ~20 s of a client not
-#: reading (TCP buffers add more) before it is disconnected with 1013.
-OUTBOUND_QUEUE_LIMIT: Final = 512
 #: A socket that never sends ``session.start`` is closed after this.
 START_TIMEOUT_S: Final = 60.0
 #: How long closing waits for queued events to reach the socket.
@@ -33,21 +30,27 @@ FLUSH_TIMEOUT_S: Final = 5.0
 #: A client that closes with these (a close frame: it meant to leave) ends its session. A connection lost without
 #: a close frame (1006: a network drop, a crashed client) or closed with another code detaches it for a resume.
 DELIBERATE_CLOSE_CODES: Final = frozenset({1000, 1001})
+#: A client dropped for not reading gets its 1013 close frame if it reads again within this; after it the
+#: connection is closed without one.
+UNREAD_CLOSE_TIMEOUT_S: Final = 10.0
 
 
 class WebSocketTransport:
     kind = "websocket"
     carries_audio = True
 
-    def __init__(self, ws: WebSocket) -> None:
+    def __init__(self, ws: WebSocket, queue_limit: int) -> None:
         self.ws = ws
         self.closed = False
         #: Set when the client stopped reading and the connection is being dropped.
         self.aborted = False
-        self._q: asyncio.Queue[bytes | None] = asyncio.Queue(OUTBOUND_QUEUE_LIMIT)
+        #: Events never sent because of that: the queue's content and the event that found it full.
+        self.unread = 0
+        self._q: asyncio.Queue[bytes | None] = asyncio.Queue(queue_limit)
         self._handler = asyncio.current_task()
         self._writer = asyncio.create_task(self._write(), name="live-ws-writer")
         self._close_lock = asyncio.Lock()
+        self._unread_close: asyncio.Task[None] | None = None
 
     def send(self, data: bytes) -> None:
         if self.closed:
@@ -60,7 +63,11 @@ class WebSocketTransport:
                 "live websocket: client stopped reading (%d events queued); dropping it", self._q.qsize()
             )
             self.closed = self.aborted = True
+            self.unread = self._q.qsize() + 1
             self._writer.cancel()
+            # What it never read is dropped now: the session's memory is the queue's bound, not the backlog.
+            while not self._q.empty():
+                self._q.get_nowait()
             if self._handler is not None:
                 self._handler.cancel()
 
@@ -84,6 +91,14 @@ class WebSocketTransport:
 
     async def close(self, code: int, reason: str = "") -> None:
         async with self._close_lock:
+            if self.aborted:
+                # A client that stopped reading cannot take a close frame until it reads again; wait for that off
+                # this path (the session's engine resources are freed meanwhile), in :meth:`wait_closed`.
+                if self._unread_close is None:
+                    self._unread_close = asyncio.create_task(
+                        self._close_unread(), name="live-ws-unread-close"
+                    )
+                return
             if self._writer.done() and self.closed:
                 return
             self.closed = True
@@ -95,9 +110,23 @@ class WebSocketTransport:
                 with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
                     await asyncio.wait_for(asyncio.shield(self._writer), FLUSH_TIMEOUT_S)
                 self._writer.cancel()
-            if not self.aborted:
-                with contextlib.suppress(Exception):
-                    await self.ws.close(code, reason[:120])
+            with contextlib.suppress(Exception):
+                await self.ws.close(code, reason[:120])
+
+    async def _close_unread(self) -> None:
+        # uvicorn sends the frame once the client has drained the socket buffer (bounded: it writes only while the
+        # socket is writable); a client that never reads again is closed without it when the handler returns.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                self.ws.close(CLOSE_TRY_AGAIN, "client_not_reading"), UNREAD_CLOSE_TIMEOUT_S
+            )
+
+    async def wait_closed(self) -> None:
+        """Until the close of a client dropped for not reading has gone out or timed out (the connection ends when
+        the handler returns, so it must not return before)."""
+        if self._unread_close is not None:
+            with contextlib.suppress(Exception):
+                await self._unread_close
 
 
 async def _refuse_draining(session: LiveSession, transport: WebSocketTransport) -> None:
@@ -111,7 +140,7 @@ async def _refuse_draining(session: LiveSession, transport: WebSocketTransport) 
 async def live_websocket(ws: WebSocket) -> None:
     await ws.accept()
     hub = hub_of(ws.app)
-    transport = WebSocketTransport(ws)
+    transport = WebSocketTransport(ws, hub.settings.limits.outbound_queue_events)
     session = LiveSession(hub, transport)
     limit = hub.settings.limits.max_message_bytes
     client_close_code: int | None = None
@@ -174,8 +203,10 @@ async def live_websocket(ws: WebSocket) -> None:
         if task is not None:
             task.uncancel()
     finally:
+        hub.losses["events_unread"] += transport.unread
         # Detached for a resume (resume_grace_s), or ended. A client that stopped reading is not kept: what its
         # full queue held is lost, so a resume could not give it the session's output exactly.
         deliberate = client_close_code in DELIBERATE_CLOSE_CODES
         await session.transport_lost(transport, may_detach=not transport.aborted and not deliberate)
         await transport.close(CLOSE_TRY_AGAIN if transport.aborted else 1000)
+        await transport.wait_closed()

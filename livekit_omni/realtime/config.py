@@ -26,6 +26,11 @@ EAGERNESS_SILENCE_MS: Final = {"high": 300, "medium": 600, "auto": 600, "low": 1
 #: interrupt_response false: a barge-in minimum no caller turn reaches, so the reply plays on.
 NO_BARGE_IN_MS: Final = 10_000_000
 MAX_INSTRUCTIONS_CHARS: Final = 65_536
+#: The sampling temperatures accepted (the engine's range; 0 is greedy).
+MAX_TEMPERATURE: Final = 2.0
+#: ``max_output_tokens: "inf"`` on one response, over a session cap: a cap no reply reaches (the engine's own
+#: reply limit applies).
+NO_TOKEN_CAP: Final = 2**31 - 1
 #: The server VAD defaults the dialect documents.
 DEFAULT_VAD: Final = wire.TurnDetection(
     type="server_vad",
@@ -65,6 +70,8 @@ class RealtimeConfig:
     instructions: str = ""
     output_modalities: list[str] = field(default_factory=lambda: ["audio"])
     max_output_tokens: int | str = "inf"
+    #: None: the engine's spoken-reply decoding (greedy).
+    temperature: float | None = None
     input_format: WireFormat = PCM24
     output_format: WireFormat = PCM24
     noise_reduction: wire.NoiseReduction | None = None
@@ -111,7 +118,16 @@ class RealtimeConfig:
                 )
             c.output_modalities = ["text"] if mods == ["text"] else ["audio"]
         if not isinstance(s.max_output_tokens, msgspec.UnsetType):
-            c.max_output_tokens = s.max_output_tokens if s.max_output_tokens is not None else "inf"
+            c.max_output_tokens = check_max_output_tokens(s.max_output_tokens, "session.max_output_tokens")
+        if not isinstance(s.temperature, msgspec.UnsetType):
+            t = s.temperature
+            if t is not None and not 0.0 <= t <= MAX_TEMPERATURE:
+                raise wire.WireError(
+                    "invalid_value",
+                    f"temperature is between 0 and {MAX_TEMPERATURE:g}",
+                    param="session.temperature",
+                )
+            c.temperature = t
         for name in ("tools", "tool_choice", "tracing", "truncation", "prompt", "reasoning", "include"):
             v = getattr(s, name)
             if not isinstance(v, msgspec.UnsetType):
@@ -138,6 +154,28 @@ class RealtimeConfig:
             if not isinstance(out.speed, msgspec.UnsetType):
                 c.speed = out.speed if out.speed is not None else 1.0
         return c
+
+    @property
+    def token_cap(self) -> int:
+        """The session's ``max_output_tokens`` as the engine takes it (0: no cap but the engine's own)."""
+        return self.max_output_tokens if isinstance(self.max_output_tokens, int) else 0
+
+    def engine_changes(self, old: RealtimeConfig) -> dict[str, Any]:
+        """What changed for the engine from ``old`` to this configuration: ``UpdateSession``'s fields."""
+        changes: dict[str, Any] = {}
+        if self.instructions != old.instructions:
+            changes["instructions"] = self.instructions
+        if self.voice_name != old.voice_name:
+            changes["voice"] = self.voice_name
+        if self.turn_taking() != old.turn_taking():
+            changes["turn_taking"] = self.turn_taking()
+        if self.temperature != old.temperature and self.temperature is not None:
+            changes["temperature"] = self.temperature
+        elif self.temperature is None and old.temperature is not None:
+            changes["temperature"] = 0.0  # reset: the engine's spoken-reply decoding is greedy
+        if self.token_cap != old.token_cap:
+            changes["max_output_tokens"] = self.token_cap
+        return changes
 
     @property
     def voice_name(self) -> str:
@@ -172,6 +210,7 @@ class RealtimeConfig:
             instructions=self.instructions,
             output_modalities=list(self.output_modalities),
             max_output_tokens=self.max_output_tokens,  # type: ignore[arg-type]
+            temperature=self.temperature if self.temperature is not None else msgspec.UNSET,
             audio=wire.AudioConfig(
                 input=wire.AudioInput(
                     format=format_wire(self.input_format),
@@ -191,6 +230,15 @@ class RealtimeConfig:
             reasoning=self.reasoning,
             include=self.include,
         )
+
+
+def check_max_output_tokens(v: int | str | None, param: str) -> int | str:
+    """A ``max_output_tokens``: a positive int or ``"inf"`` (``null``: ``"inf"``)."""
+    if v is None or v == "inf":
+        return "inf"
+    if not isinstance(v, int) or v < 1:
+        raise wire.WireError("invalid_value", 'max_output_tokens is a positive integer or "inf"', param=param)
+    return v
 
 
 def _turn_detection(td: wire.TurnDetection | None) -> wire.TurnDetection | None:

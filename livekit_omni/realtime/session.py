@@ -48,7 +48,7 @@ from livekit_omni.live.session import (
     open_engine_session,
 )
 from livekit_omni.realtime import wire
-from livekit_omni.realtime.config import RealtimeConfig
+from livekit_omni.realtime.config import NO_TOKEN_CAP, RealtimeConfig, check_max_output_tokens
 from media.bridge import SessionBridge
 from media.egress import EgressPlayer, OutputFrame
 
@@ -75,6 +75,11 @@ TRANSCRIPT_GIVE_UP_S: Final = 6.0
 RESPONSE_START_TIMEOUT_S: Final = 30.0
 #: The most caller audio an uncommitted manual buffer holds (older audio is dropped).
 MAX_BUFFER_S: Final = 60.0
+#: The conversation table's bounds (items, and the characters of text they hold): beyond them the oldest items
+#: leave the table (``retrieve``/``delete``/``truncate`` of them then get the not-found error). The thinker's own
+#: context is far smaller, so the model has long stopped seeing them; the bound is the server's memory.
+MAX_ITEMS: Final = 1000
+MAX_ITEM_CHARS: Final = 1_000_000
 
 
 @dataclass(slots=True)
@@ -91,6 +96,8 @@ class ItemRecord:
     end_ms: int | None = None
     #: Assistant items: the engine reply (turn) whose words the conversation holds.
     turn_id: int | None = None
+    #: Characters of text the item brought (what counts against MAX_ITEM_CHARS).
+    chars: int = 0
 
     @property
     def id(self) -> str:
@@ -122,7 +129,7 @@ class ResponseRecord:
     created_at: float = field(default_factory=time.monotonic)
     #: ``conversation: "none"``: the answer is not added to the conversation (the engine forgets it afterwards).
     out_of_band: bool = False
-    #: The client's ``max_output_tokens`` was reached and the reply is being cut.
+    #: The engine stopped the reply at the client's ``max_output_tokens``: it ends ``incomplete``.
     capped: bool = False
 
     @property
@@ -151,6 +158,9 @@ class RealtimeSession:
         self._tasks: set[asyncio.Task[Any]] = set()
         #: The conversation: item id -> record, in conversation order.
         self.items: dict[str, ItemRecord] = {}
+        self._item_chars = 0
+        #: Items that left the table at its bounds (MAX_ITEMS, MAX_ITEM_CHARS).
+        self.items_forgotten = 0
         self.responses: dict[str, ResponseRecord] = {}
         #: The response in progress (created and not done), if any.
         self.active: ResponseRecord | None = None
@@ -284,7 +294,7 @@ class RealtimeSession:
                     await asyncio.wait_for(
                         self.engine.truncate_reply(rec.turn_id, ""), ENGINE_REQUEST_TIMEOUT_S
                     )
-                del self.items[ev.item_id]
+                self._item_chars -= self.items.pop(ev.item_id).chars
                 self._untranscribed = [r for r in self._untranscribed if r.id != ev.item_id]
                 self.emit(wire.ItemDeleted(item_id=ev.item_id))
             case wire.ResponseCreate():
@@ -318,17 +328,29 @@ class RealtimeSession:
                 "the output format cannot change once audio has been sent",
                 param="session.audio.output.format",
             )
+        changes = new.engine_changes(old) if self.engine is not None else {}
+        if changes and self.engine is not None:
+            # The engine session is open: what changed reaches it (voice, turn-taking, temperature and the token
+            # cap from the next turn or reply on; instructions rebuild its system prompt, keeping the conversation).
+            await asyncio.wait_for(self.engine.update(**changes), ENGINE_REQUEST_TIMEOUT_S)
         self.config = new
-        if self.bridge is not None:
-            if new.input_format != old.input_format:
-                self.bridge.writer.set_format(new.input_format.encoding, new.input_format.rate)
-            if new.instructions != old.instructions and new.instructions and self.engine is not None:
-                # After the engine session opened, new instructions join the conversation as standing developer
-                # instructions (the system prompt itself is fixed; rebuilding it is later work).
-                await asyncio.wait_for(
-                    self.engine.append_text("instructions", new.instructions), ENGINE_REQUEST_TIMEOUT_S
-                )
+        if self.bridge is not None and new.input_format != old.input_format:
+            self.bridge.writer.set_format(new.input_format.encoding, new.input_format.rate)
+        if "turn_taking" in changes:
+            self._switch_turn_taking(manual=new.turn_detection is None)
         self.emit(wire.SessionUpdated(session=self._echo()))
+
+    def _switch_turn_taking(self, *, manual: bool) -> None:
+        """Turn detection changed mid-session. Into manual mode: the caller's turn in progress is no user item
+        (the client commits from now on). Out of it: the uncommitted buffer is dropped (the VAD hears live audio
+        from now on)."""
+        if self._opened_manual == manual:
+            return
+        self._opened_manual = manual
+        if manual:
+            self._speaking = None
+        else:
+            self._buffer.clear()
 
     # --- the engine session -------------------------------------------------------------------------------
     async def ensure_engine(self) -> EngineSession:
@@ -340,7 +362,11 @@ class RealtimeSession:
                 raise wire.WireError("session_closed", "the session is closed", type=wire.SERVER_ERROR)
             cfg = self.config
             engine_cfg = p.SessionConfig(
-                instructions=cfg.instructions, voice=cfg.voice_name, turn_taking=cfg.turn_taking()
+                instructions=cfg.instructions,
+                voice=cfg.voice_name,
+                turn_taking=cfg.turn_taking(),
+                temperature=cfg.temperature,
+                max_output_tokens=cfg.token_cap,
             )
             engine = await open_engine_session(self.hub, engine_cfg, session_id=self.id)
             self.engine = engine
@@ -463,12 +489,25 @@ class RealtimeSession:
             prev = None
         else:
             prev = previous if previous is not None else (next(reversed(self.items)) if self.items else None)
-        self.items[rec.id] = rec
+        self._remember(rec)
         if committed:
             self.emit(wire.InputCommitted(item_id=rec.id, previous_item_id=prev))
         self.emit(wire.ItemAdded(item=item, previous_item_id=prev))
         self.emit(wire.ItemDone(item=item, previous_item_id=prev))
         return rec
+
+    def _remember(self, rec: ItemRecord) -> None:
+        """Put ``rec`` in the table, then keep the table within MAX_ITEMS and MAX_ITEM_CHARS by forgetting the
+        oldest items (never ``rec`` itself)."""
+        it = rec.item
+        rec.chars = len(it.arguments or "") + len(it.output or "")
+        rec.chars += sum(len(c.text or "") + len(c.transcript or "") for c in it.content or [])
+        self.items[rec.id] = rec
+        self._item_chars += rec.chars
+        while len(self.items) > MAX_ITEMS or (self._item_chars > MAX_ITEM_CHARS and len(self.items) > 1):
+            oldest = next(k for k in self.items if k != rec.id)
+            self._item_chars -= self.items.pop(oldest).chars
+            self.items_forgotten += 1
 
     async def _on_item_create(self, ev: wire.ItemCreate) -> None:
         it = ev.item
@@ -534,6 +573,8 @@ class RealtimeSession:
     # --- responses ----------------------------------------------------------------------------------------
     async def _on_response_create(self, ev: wire.ResponseCreate) -> None:
         params = ev.response or wire.ResponseParams()
+        if params.max_output_tokens is not None:
+            check_max_output_tokens(params.max_output_tokens, "response.max_output_tokens")
         if self.active is not None:
             raise wire.WireError(
                 "conversation_already_has_active_response",
@@ -554,11 +595,24 @@ class RealtimeSession:
                 await asyncio.wait_for(engine.append_text(kind, text), ENGINE_REQUEST_TIMEOUT_S)
         # The extra instructions hold for this response only: the engine removes them when the reply ends.
         if self._untranscribed and self.manual:
-            self.spawn(self._respond_after_transcript(engine, r, extra))
+            self.spawn(self._respond_after_transcript(engine, r, extra, self._reply_cap(params)))
         else:
-            await asyncio.wait_for(engine.append_text("respond", extra), ENGINE_REQUEST_TIMEOUT_S)
+            await asyncio.wait_for(
+                engine.append_text("respond", extra, max_output_tokens=self._reply_cap(params)),
+                ENGINE_REQUEST_TIMEOUT_S,
+            )
 
-    async def _respond_after_transcript(self, engine: EngineSession, r: ResponseRecord, extra: str) -> None:
+    @staticmethod
+    def _reply_cap(params: wire.ResponseParams) -> int:
+        """The response's own ``max_output_tokens`` for the engine: 0 (the session's cap) when it gives none."""
+        cap = params.max_output_tokens
+        if cap is None:
+            return 0
+        return cap if isinstance(cap, int) else NO_TOKEN_CAP
+
+    async def _respond_after_transcript(
+        self, engine: EngineSession, r: ResponseRecord, extra: str, cap: int
+    ) -> None:
         """Manual mode: the committed turn's words must be in the conversation before the reply starts."""
         deadline = time.monotonic() + TRANSCRIPT_WAIT_S
         while self._untranscribed and time.monotonic() < deadline and not r.finished:
@@ -568,7 +622,9 @@ class RealtimeSession:
             except TimeoutError:
                 break
         if not r.finished and self.state == "active":
-            await asyncio.wait_for(engine.append_text("respond", extra), ENGINE_REQUEST_TIMEOUT_S)
+            await asyncio.wait_for(
+                engine.append_text("respond", extra, max_output_tokens=cap), ENGINE_REQUEST_TIMEOUT_S
+            )
 
     def _new_response(self, params: wire.ResponseParams | None = None) -> ResponseRecord:
         params = params or wire.ResponseParams()
@@ -649,7 +705,7 @@ class RealtimeSession:
         r.item = rec
         self.emit(wire.OutputItemAdded(response_id=r.id, item=_snapshot(item, content=[])))
         if not r.out_of_band:
-            self.items[rec.id] = rec
+            self._remember(rec)
             self.emit(wire.ItemAdded(item=_snapshot(item, content=[]), previous_item_id=prev))
         part = wire.Part(type="audio", transcript="") if r.audio else wire.Part(type="text", text="")
         self.emit(wire.ContentPartAdded(response_id=r.id, item_id=rec.id, part=part))
@@ -748,6 +804,14 @@ class RealtimeSession:
             and not (frame.speaking and (frame.epoch, frame.turn_id) == r.reply)
             and not frame.transcripts
         ):
+            self._finish_generated(r)
+
+    def _finish_generated(self, r: ResponseRecord) -> None:
+        """The reply is over and played: ``completed``, or ``incomplete`` when the engine stopped it at the
+        client's ``max_output_tokens``."""
+        if r.capped:
+            self._finish(r, "incomplete", "max_output_tokens")
+        else:
             self._finish(r, "completed")
 
     async def _idle_timeout(self) -> None:
@@ -787,16 +851,6 @@ class RealtimeSession:
             else:
                 r.text += sep + d.text.strip()
                 self.emit(wire.OutputTextDelta(response_id=r.id, item_id=rec.id, delta=sep + d.text.strip()))
-            limit = r.max_output_tokens
-            if (
-                isinstance(limit, int)
-                and not r.capped
-                and len(" ".join(w for w, _ in rec.words).split()) >= limit
-            ):
-                # The engine has no token cap per reply: the answer is cut once it has said that many words
-                # (counted as tokens), and the engine keeps the words that were sent.
-                r.capped = True
-                self.spawn(self._cancel(r, "max_output_tokens", status="incomplete"))
 
     def _flush_audio(self, r: ResponseRecord) -> None:
         if not r.audio_buf or r.item is None:
@@ -854,7 +908,7 @@ class RealtimeSession:
                 r = self.active
                 if r is None or r.reply is not None:
                     if r is not None:
-                        self._finish(r, "completed")
+                        self._finish_generated(r)
                     r = self._new_response()
                     self.emit(wire.ResponseCreated(response=self._response_wire(r, "in_progress")))
                 self._open_output()
@@ -926,6 +980,7 @@ class RealtimeSession:
                     self._finish(self.active, "cancelled", self.active.cancel_reason or "client_cancelled")
             return
         r.tokens = (ev.input_tokens, ev.cached_tokens, ev.output_tokens)
+        r.capped = ev.capped
         if ev.interrupted:
             self._flush_audio(r)
             self._finish(r, "cancelled", r.cancel_reason or "turn_detected")

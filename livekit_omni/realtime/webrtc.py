@@ -16,7 +16,8 @@ marks a response's first audio on the track, and ``output_audio_buffer.stopped``
 The engine session opens with the POST, so turn detection is the one the call starts with.
 
 Auth: ``Authorization: Bearer`` with an API key, or with an ephemeral key from ``/v1/realtime/client_secrets``
-(spent by this call; its session is the call's starting configuration). Errors are OpenAI's JSON error body:
+(spent by this call; its session is the call's starting configuration). After the answer, the call can be hung up
+and watched or steered from a sideband WebSocket (:mod:`livekit_omni.realtime.calls`). Errors are OpenAI's JSON error body:
 400 for a bad request, 401 for a bad key, 429 when the engine has no free session slot, 503 when it is unavailable
 or the server is draining.
 """
@@ -44,6 +45,7 @@ from livekit_omni.live.webrtc import (
     read_body,
 )
 from livekit_omni.realtime import wire
+from livekit_omni.realtime.calls import CallTransport
 from livekit_omni.realtime.client_secrets import error_response, keys_of
 from livekit_omni.realtime.session import RealtimeSession
 from media.webrtc import SdpError, answer_offer, check_offer
@@ -132,8 +134,8 @@ async def create_call(request: Request) -> Response:
     except SdpError as e:
         return error_response(400, "invalid_sdp", str(e))
 
-    transport = DataChannelTransport()
-    session = RealtimeSession(hub, transport)
+    channel = DataChannelTransport()
+    session = RealtimeSession(hub, CallTransport(channel))
     try:
         for update in (ephemeral.session if ephemeral is not None else None, session_cfg):
             if update is not None:
@@ -144,7 +146,7 @@ async def create_call(request: Request) -> Response:
     def on_stalled() -> None:
         session.spawn(session.end(code=CLOSE_TRY_AGAIN, reason="client_not_reading"))
 
-    transport.on_stalled = on_stalled
+    channel.on_stalled = on_stalled
     if not drain.admitting:  # the drain began while the body was read
         hub.metrics.rejected_sessions.labels(reason=DRAINING_CODE).inc()
         return error_response(503, DRAINING_CODE, DRAINING_MESSAGE, type=wire.SERVER_ERROR)
@@ -186,7 +188,7 @@ async def create_call(request: Request) -> Response:
         return error_response(
             500, "internal_error", f"could not answer the offer: {e}", type=wire.SERVER_ERROR
         )
-    transport.peer = peer
+    channel.peer = peer
     session.player = peer.player
     # Queued by the peer until the client's data channel opens, then sent first.
     session.start()

@@ -4,7 +4,8 @@ Auth is checked after the upgrade, as on the Live socket: a bad key gets an ``er
 which LiveKit and the SDK treat as final) and close 1008. The key comes from ``Authorization: Bearer`` or, for
 browsers (which cannot set headers on a WebSocket), from the subprotocol ``openai-insecure-api-key.<key>``; when
 the client offers the ``realtime`` subprotocol the server selects it, or a browser fails the handshake.
-``?model=`` (every client sends it) names the session's model; other query parameters are ignored.
+``?model=`` (every client sends it) names the session's model; ``?call_id=`` makes the socket a sideband to that
+WebRTC call (:mod:`livekit_omni.realtime.calls`); other query parameters are ignored.
 
 The outbound queue, writer task and close handling are the Live socket's :class:`WebSocketTransport`.
 """
@@ -20,6 +21,7 @@ from livekit_omni.auth import bearer_token, key_is_valid
 from livekit_omni.live.session import CLOSE_POLICY, CLOSE_TRY_AGAIN, hub_of
 from livekit_omni.live.websocket import WebSocketTransport
 from livekit_omni.realtime import wire
+from livekit_omni.realtime.calls import run_sideband
 from livekit_omni.realtime.session import RealtimeSession
 
 SUBPROTOCOL: Final = "realtime"
@@ -45,9 +47,10 @@ async def realtime_websocket(ws: WebSocket) -> None:
     offered = _offered_subprotocols(ws)
     await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     hub = hub_of(ws.app)
-    transport = WebSocketTransport(ws)
+    transport = WebSocketTransport(ws, hub.settings.limits.outbound_queue_events)
     session = RealtimeSession(hub, transport, model=ws.query_params.get("model") or None)
     limit = hub.settings.limits.max_message_bytes
+    sideband = False
     try:
         if not key_is_valid(hub.settings, _api_key(ws, offered)):
             hub.metrics.rejected_sessions.labels(reason="invalid_api_key").inc()
@@ -57,6 +60,12 @@ async def realtime_websocket(ws: WebSocket) -> None:
                 )
             )
             await session.end(code=CLOSE_POLICY, reason="invalid_api_key")
+            return
+        call_id = ws.query_params.get("call_id")
+        if call_id is not None:
+            # A sideband to a WebRTC call: it joins that call's session instead of opening one of its own.
+            sideband = True
+            await run_sideband(ws, transport, call_id)
             return
         session.start()
         while not transport.closed:
@@ -78,4 +87,7 @@ async def realtime_websocket(ws: WebSocket) -> None:
         if task is not None:
             task.uncancel()
     finally:
-        await session.end(code=CLOSE_TRY_AGAIN if transport.aborted else 1000)
+        hub.losses["events_unread"] += transport.unread
+        if not sideband:
+            await session.end(code=CLOSE_TRY_AGAIN if transport.aborted else 1000)
+            await transport.wait_closed()

@@ -92,6 +92,8 @@ class SessionConfig(_Part):
     instructions: str | Unset | None = UNSET
     output_modalities: list[str] | Unset | None = UNSET
     max_output_tokens: int | Literal["inf"] | Unset | None = UNSET
+    #: Not in the GA session (the beta dialect had it): accepted as an extension, honoured, echoed once set.
+    temperature: float | Unset | None = UNSET
     audio: AudioConfig | Unset | None = UNSET
     #: Accepted and echoed; this server never calls a tool (docs/protocol.md).
     tools: list[dict[str, Any]] | Unset | None = UNSET

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,19 +38,31 @@ import numpy.typing as npt
 from engine_bridge import protocol as p
 from engine_bridge.adapters.base import AdapterCaps, ModelAdapter
 from engine_bridge.adapters.cascade.text import TEXT_SID_PREFIX, TextCompletions
-from engine_bridge.adapters.cascade.turns import CascadeSessionState, TurnMachine, cascade_state, watch_audio
+from engine_bridge.adapters.cascade.turns import (
+    CascadeSessionState,
+    DuckPolicy,
+    TurnMachine,
+    cascade_state,
+    watch_audio,
+)
 from engine_bridge.adapters.cascade.workers import AsrWorker, TtsWorker
 from engine_bridge.config import EngineSettings
 from engine_bridge.devices import onnx_providers, resolve_device
-from engine_bridge.session import DuplexSession
+from engine_bridge.session import DuplexSession, SettingsChange
 from engine_bridge.speech.asr import Transcriber, make_transcriber
-from engine_bridge.speech.tts import Synthesizer, make_synthesizer
+from engine_bridge.speech.tts import EspeakSynthesizer, Synthesizer, make_synthesizer
 from engine_bridge.speech.vad import TurnDetector, VADEngine, VADSettings, use_silero_providers
 from engine_bridge.text import TextRefused, TextRequest
 from engine_bridge.thinker.base import Message, ThinkerBackend
 from engine_bridge.thinker.factory import make_thinker, spoken_examples
 
 log = logging.getLogger(__name__)
+
+#: What an espeak-ng voice name looks like ("en", "en-us", "de", "pt-br"): only such names reach espeak-ng, which
+#: would otherwise look any string up as a voice file path.
+ESPEAK_VOICE_NAME = re.compile(r"[a-z]{2,3}(-[a-z0-9]{2,8}){0,2}")
+#: Voices built per name and kept (espeak-ng voices cost nothing but a name); names beyond this use the default.
+MAX_VOICES = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +93,8 @@ class CascadeAdapter(ModelAdapter):
         self._thinker_sessions = 0
         self._thinker_info: dict[str, Any] = {"backend": settings.thinker.backend}
         self._examples = spoken_examples(settings)
+        #: espeak-ng voices built for sessions, by name (None: not an installed voice). Scheduler thread only.
+        self._voices: dict[str, Synthesizer | None] = {}
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -93,7 +108,7 @@ class CascadeAdapter(ModelAdapter):
             t0 = time.monotonic()
             thinker = make_thinker(self.settings)
             t1 = time.monotonic()
-            asr = make_transcriber(m.asr, threads=self.settings.threads, device=device)
+            asr = make_transcriber(m.asr, threads=self.settings.threads, device=device, window=m.asr_window)
             asr.warmup()
             t2 = time.monotonic()
             tts = make_synthesizer(m.tts, threads=self.settings.threads, device=device)
@@ -116,6 +131,7 @@ class CascadeAdapter(ModelAdapter):
             TtsWorker(tts, self._notify, given.tts_executor if given else None),
             first_clause_words=self.settings.turn_taking.first_clause_words,
             context_limit=self.settings.thinker.max_model_len,
+            examples=self._examples,
         )
         if self.settings.thinker.max_text_requests > 0:
             self.text = TextCompletions(
@@ -181,8 +197,68 @@ class CascadeAdapter(ModelAdapter):
         auto_reply = session.config.turn_taking.auto_reply is not False
         if not auto_reply:
             spec = 0  # no reply to start early: every turn is transcribed once, at its endpoint
-        self.machine.open(session, CascadeSessionState(TurnDetector(vs), barge, spec, auto_reply=auto_reply))
+        tt = self.settings.turn_taking
+        st = CascadeSessionState(
+            TurnDetector(vs),
+            barge,
+            spec,
+            auto_reply=auto_reply,
+            duck=DuckPolicy.from_db(tt.duck_db, tt.duck_onset_ms, tt.duck_release_ms),
+            temperature=session.config.temperature,
+            max_output_tokens=session.config.max_output_tokens,
+        )
+        st.voice, st.tts = self.voice(session.config.voice)
+        self.machine.open(session, st)
+        self._publish_settings(session, st)
         self._refresh_kv()
+
+    def voice(self, name: str) -> tuple[str, Synthesizer | None]:
+        """The voice a session asked for by name: an installed espeak-ng voice ("en", "en-us", "de", "fr", ...)
+        voices its replies with espeak-ng; any other name (the dialects' "marin", "alloy", ..., or "") gets the
+        engine's configured TTS (None here). Returns the name of the voice used and its synthesizer."""
+        default = (self.settings.models.tts, None)
+        key = name.strip().lower()
+        if not ESPEAK_VOICE_NAME.fullmatch(key):
+            return default
+        if key not in self._voices:
+            if len(self._voices) >= MAX_VOICES:
+                return default
+            try:
+                self._voices[key] = EspeakSynthesizer(key)
+            except (ValueError, RuntimeError, OSError):
+                self._voices[key] = None  # not an installed voice
+        synth = self._voices[key]
+        return (f"espeak:{key}", synth) if synth is not None else default
+
+    def _apply_turn_taking(self, session: DuplexSession, st: CascadeSessionState) -> None:
+        """``UpdateSession`` turn-taking (already merged into ``session.config``): the detector takes the new
+        thresholds at its next frame (its own lock), the audio thread reads the barge-in minimum and the
+        speculation window at its next chunk (plain attribute reads), the scheduler the auto-reply flag."""
+        vs, barge, spec = self._vad_settings(session)
+        auto_reply = session.config.turn_taking.auto_reply is not False
+        st.detector.update_settings(vs)
+        st.barge_in_min_ms = barge
+        st.speculative_ms = spec if auto_reply else 0
+        st.auto_reply = auto_reply
+
+    @staticmethod
+    def _publish_settings(session: DuplexSession, st: CascadeSessionState) -> None:
+        """The settings in force, in the session stats (what a client can check its ``session.update`` did)."""
+        vs = st.detector.settings
+        session.stats.extra["settings"] = {
+            "voice": session.config.voice,
+            "tts_voice": st.voice,
+            "instructions": session.config.instructions,
+            "temperature": st.temperature,
+            "max_output_tokens": st.max_output_tokens,
+            "vad": str(vs.engine.value),
+            "threshold": vs.threshold,
+            "prefix_padding_ms": vs.prefix_padding_ms,
+            "silence_ms": vs.silence_ms,
+            "barge_in_min_ms": st.barge_in_min_ms,
+            "speculative_ms": st.speculative_ms,
+            "auto_reply": st.auto_reply,
+        }
 
     def close(self, session: DuplexSession) -> None:
         if self.machine is not None:
@@ -205,8 +281,15 @@ class CascadeAdapter(ModelAdapter):
     # --- scheduler thread ------------------------------------------------------------------------------------
     def handle(self, session: DuplexSession, msg: Any) -> None:
         st = cascade_state(session)
-        if st is not None and self.machine is not None:
-            self.machine.handle(session, st, msg)
+        if st is None or self.machine is None:
+            return
+        if isinstance(msg, SettingsChange) and msg.update.turn_taking is not None:
+            self._apply_turn_taking(session, st)
+        if isinstance(msg, SettingsChange) and msg.update.voice is not None:
+            st.voice, st.tts = self.voice(msg.update.voice)  # from the next reply on
+        self.machine.handle(session, st, msg)
+        if isinstance(msg, SettingsChange):
+            self._publish_settings(session, st)
 
     def step(self, sessions: list[DuplexSession]) -> bool:
         assert self.machine is not None

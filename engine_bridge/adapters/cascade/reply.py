@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -22,7 +23,7 @@ from engine_bridge.formats import ENGINE_OUTPUT_RATE
 from engine_bridge.reply import ReplyPhase, ReplySnapshot, check_transition
 from engine_bridge.session import DuplexSession
 from engine_bridge.speech.text import ClauseSplitter
-from engine_bridge.speech.tts import OutputResampler
+from engine_bridge.speech.tts import OutputResampler, Synthesizer
 
 #: Reply audio is queued in 100 ms pieces so a barge-in fence drops the rest of a long clause cleanly.
 QUEUE_PIECE_SAMPLES = ENGINE_OUTPUT_RATE // 10
@@ -49,6 +50,14 @@ class Cut:
     barge_in: tuple[int, int] | None
 
 
+class _Usage(TypedDict):
+    """ReplyDone's token counts."""
+
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+
+
 Voiced = tuple[npt.NDArray[np.int16], list[p.OutputTranscript]]
 
 
@@ -63,9 +72,18 @@ class Reply:
     #: Length of the session's conversation log before the caller's words (what a discarded speculation restores).
     log_mark: int
     resampler: OutputResampler
+    #: The synthesizer that voices it (the session's voice when the reply started) and that voice's name.
+    tts: Synthesizer
+    voice: str = ""
+    #: Its decoding temperature (0: greedy).
+    temperature: float = 0.0
     started_wall: float = field(default_factory=time.monotonic)
     #: How the caller's message went into the KV: {user_tokens, prefill_tokens, cached_tokens, log_before}.
     append_stats: dict[str, int] = field(default_factory=dict)
+    #: Its token cap is the client's (``max_output_tokens``), tighter than the engine's reply limit; ``capped``:
+    #: generation stopped there (``ReplyDone.capped``).
+    client_cap: bool = False
+    capped: bool = False
     phase: ReplyPhase = ReplyPhase.NEW
     # --- scheduler thread -------------------------------------------------------------------------------------
     splitter: ClauseSplitter = field(default_factory=ClauseSplitter)
@@ -122,6 +140,7 @@ class Reply:
                     interrupted=False,
                     text=self.text.strip(),
                     total_samples=self.samples,
+                    capped=self.capped,
                     **self._usage(),
                 )
             )
@@ -149,7 +168,7 @@ class Reply:
                 )
             )
 
-    def _usage(self) -> dict[str, int]:
+    def _usage(self) -> _Usage:
         """ReplyDone's token counts: the context it was generated from (the checkpoint), of which the part the
         KV lease already held (everything but the caller's newly prefilled words), and the generated tokens."""
         prefilled = self.append_stats.get("prefill_tokens", 0)

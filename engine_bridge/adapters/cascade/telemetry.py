@@ -37,6 +37,10 @@ def turn_record(r: Reply, turn: TimedTurn | None) -> dict[str, Any]:
         "turn_id": r.turn_id,
         "samples": r.samples,
         "text": r.text.strip(),
+        "voice": r.voice,
+        "temperature": r.temperature,
+        "output_tokens": r.tokens,
+        "capped": r.capped,
         **r.append_stats,
     }
     if turn is not None and turn.endpoint_wall is not None and r.first_audio_wall is not None:

@@ -18,10 +18,11 @@ again first discards it, and the thinker rolls back to before the caller's words
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -57,16 +58,27 @@ from engine_bridge.session import (
     MuteChange,
     Role,
     Segment,
+    SettingsChange,
     TextAppend,
     TruncateRequest,
 )
 from engine_bridge.speech.asr import Transcript
 from engine_bridge.speech.text import clean_for_tts
-from engine_bridge.speech.tts import OutputResampler
+from engine_bridge.speech.tts import OutputResampler, Synthesizer
 from engine_bridge.speech.vad import SpeechStarted, TurnDetector
-from engine_bridge.thinker.base import StepOutput, ThinkerBackend
+from engine_bridge.thinker.base import DecodingSettings, Message, StepOutput, ThinkerBackend
+from engine_bridge.thinker.base import Role as ThinkerRole
+from engine_bridge.thinker.turns import reinstruct
 
 log = logging.getLogger(__name__)
+
+#: The thinker's role of each conversation-log role (the system segment is the thinker's own).
+_THINKER_ROLE: Final[dict[Role, ThinkerRole]] = {
+    Role.SYSTEM: "system",
+    Role.DEVELOPER: "developer",
+    Role.USER: "user",
+    Role.ASSISTANT: "assistant",
+}
 
 COMMENTARY_PROMPT: Final = "Say the following to the caller now, briefly and in your own words: "
 SPEAK_NOW_PROMPT: Final = "Speak to the caller now, briefly, without waiting for them to speak first."
@@ -87,6 +99,25 @@ class Overlap(enum.Enum):
     BARGED = "barged"
 
 
+@dataclass(frozen=True, slots=True)
+class DuckPolicy:
+    """The barge-in duck: caller sound over model speech lowers the model's output (the egress ring's gain word,
+    applied by the media plane at its next frame) after ``onset_ms`` of speech frames, long before the barge-in
+    minimum decides; the barge-in then flushes, or ``release_ms`` of silence without one restores the level."""
+
+    gain: float = 1.0  # 1.0: no duck
+    onset_ms: int = 40
+    release_ms: int = 160
+
+    @classmethod
+    def from_db(cls, db: float, onset_ms: int, release_ms: int) -> DuckPolicy:
+        return cls(10.0 ** (-db / 20.0) if db > 0 else 1.0, onset_ms, release_ms)
+
+    @property
+    def enabled(self) -> bool:
+        return self.gain < 1.0
+
+
 @dataclass(slots=True)
 class CallerTurnWatch:
     """Audio-thread state of the caller's current turn."""
@@ -94,6 +125,9 @@ class CallerTurnWatch:
     overlap: Overlap = Overlap.CLEAR
     #: End of the audio posted for speculative ASR in this turn, or None while no speculation is out.
     speculated_to_ms: int | None = None
+    #: The model's output is ducked (see :class:`DuckPolicy`); the stream position of the last speech frame.
+    ducked: bool = False
+    voice_at_ms: int = 0
 
 
 class TurnPhase(enum.IntEnum):
@@ -140,10 +174,21 @@ class ContextNote:
 
 @dataclass(frozen=True, slots=True)
 class SpeakRequest:
-    """A ``speak_now``/``commentary`` asked for a reply while another ran: one reply starts when it ends."""
+    """A ``speak_now``/``commentary``/``respond`` asked for a reply while another ran: one reply starts when it
+    ends."""
+
+    #: The reply's own token cap (0: the session's).
+    max_output_tokens: int = 0
 
 
-Pending = ContextNote | SpeakRequest | TruncateRequest
+@dataclass(frozen=True, slots=True)
+class InstructionsChange:
+    """New session instructions: the thinker's system segment is rebuilt once no reply runs."""
+
+    text: str
+
+
+Pending = ContextNote | SpeakRequest | TruncateRequest | InstructionsChange
 
 
 @dataclass(slots=True)
@@ -153,6 +198,14 @@ class CascadeSessionState(AdapterState):
     speculative_ms: int
     #: False: caller turns join the conversation without a reply (the client asks for replies).
     auto_reply: bool = True
+    duck: DuckPolicy = field(default_factory=DuckPolicy)
+    #: The session's reply decoding over the thinker's default: sampling temperature (None: the default's) and
+    #: a token cap per reply (0: the default's ``max_tokens``). ``UpdateSession`` changes them.
+    temperature: float | None = None
+    max_output_tokens: int = 0
+    #: The session's voice: its synthesizer (None: the engine's default TTS) and name, for the next reply.
+    tts: Synthesizer | None = None
+    voice: str = ""
     #: Audio thread only.
     watch: CallerTurnWatch = field(default_factory=CallerTurnWatch)
     # --- scheduler thread only ---
@@ -214,7 +267,30 @@ def watch_audio(
             w.overlap = Overlap.BARGED
             epoch = session.bump_epoch()
             posted.append(BargeInHeard(epoch, det.position_ms, time.monotonic()))
+    if st.duck.enabled:
+        _duck(session, st.duck, det, w)
     return posted
+
+
+def _duck(session: DuplexSession, policy: DuckPolicy, det: TurnDetector, w: CallerTurnWatch) -> None:
+    """Lower the model's output at the first frames of caller sound over it; lift it after a barge-in (the epoch
+    is already bumped: the media plane reads the gain before the epoch) or after a silence that ended no turn."""
+    voiced_ms = det.run_ms or (det.speech_ms if det.silence_ms_so_far == 0 else 0)
+    if voiced_ms:
+        w.voice_at_ms = det.position_ms
+    barged = det.in_speech and w.overlap is Overlap.BARGED  # this turn's barge-in (not the previous turn's)
+    if w.ducked:
+        if barged:
+            w.ducked = False
+            session.rings.egress.set_gain(1.0)
+        elif det.position_ms - w.voice_at_ms >= policy.release_ms:
+            w.ducked = False
+            session.rings.egress.set_gain(1.0)
+            session.stats.extra["duck_releases"] = session.stats.extra.get("duck_releases", 0) + 1
+    elif voiced_ms >= policy.onset_ms and not barged and session.model_audible():
+        w.ducked = True
+        session.rings.egress.set_gain(policy.gain)
+        session.stats.extra["ducks"] = session.stats.extra.get("ducks", 0) + 1
 
 
 # --- scheduler thread -------------------------------------------------------------------------------------------
@@ -231,12 +307,15 @@ class TurnMachine:
         *,
         first_clause_words: int,
         context_limit: int,
+        examples: Sequence[Message] = (),
     ) -> None:
         self.thinker = thinker
         self.asr = asr
         self.tts = tts
         self.first_clause_words = first_clause_words
         self.context_limit = context_limit
+        #: The example turns sessions open with (kept when new instructions rebuild the system segment).
+        self.examples = tuple(examples)
 
     def open(self, session: DuplexSession, st: CascadeSessionState) -> None:
         session.adapter_state = st
@@ -288,6 +367,8 @@ class TurnMachine:
                 st.pending.append(msg)
                 if st.reply is None:
                     self._flush_context(session, st)
+            case SettingsChange():
+                self._on_settings(session, st, msg.update)
             case MuteChange():
                 if msg.muted:
                     st.detector.reset()
@@ -404,15 +485,30 @@ class TurnMachine:
         elif msg.kind == "respond":
             if msg.text:
                 st.pending.append(ContextNote("developer", msg.text, transient=True))
-            st.pending.append(SpeakRequest())
+            st.pending.append(SpeakRequest(msg.max_output_tokens))
         else:
             prompt = COMMENTARY_PROMPT + msg.text if msg.text else SPEAK_NOW_PROMPT
             st.pending.append(ContextNote("developer", prompt))
             st.pending.append(SpeakRequest())
         if st.reply is None:
             self._flush_context(session, st)
-            if self._take_speak_request(st):
-                self._start_reply(session, st, user_text=None, turn=None)
+            asked = self._take_speak_request(st)
+            if asked is not None:
+                self._start_reply(
+                    session, st, user_text=None, turn=None, max_output_tokens=asked.max_output_tokens
+                )
+
+    def _on_settings(self, session: DuplexSession, st: CascadeSessionState, u: p.UpdateSession) -> None:
+        """``UpdateSession`` (the adapter applied its turn-taking already): decoding from the next reply on; new
+        instructions once no reply runs (a reply's KV must not change under it)."""
+        if u.temperature is not None:
+            st.temperature = u.temperature
+        if u.max_output_tokens is not None:
+            st.max_output_tokens = u.max_output_tokens
+        if u.instructions is not None:
+            st.pending.append(InstructionsChange(u.instructions))
+            if st.reply is None:
+                self._flush_context(session, st)
 
     def _flush_context(self, session: DuplexSession, st: CascadeSessionState) -> None:
         """Append the waiting context notes to the conversation; speak requests stay queued."""
@@ -432,7 +528,69 @@ class TurnMachine:
                     st.transient.append(seg)
             elif isinstance(note, TruncateRequest):
                 self._truncate(session, note)
+            elif isinstance(note, InstructionsChange):
+                self._reinstruct(session, note.text)
         st.pending = [x for x in st.pending if isinstance(x, SpeakRequest)]
+
+    def _reinstruct(self, session: DuplexSession, instructions: str) -> None:
+        """New instructions become the system segment: the thinker session is re-opened with them and the
+        conversation as its history (:func:`~engine_bridge.thinker.turns.reinstruct`: one prefill of the whole log,
+        timed in the session stats), and the conversation log's segments are placed on the new token log.
+        Instructions the thinker cannot take (too long for its context) leave the old ones, with a non-fatal
+        ``SessionError``."""
+        thinker = self.thinker
+        sid = session.id
+        t0 = time.perf_counter()
+        old = thinker.log(sid).segments
+        previous = old[0].text if old and old[0].role == "system" else None
+        conversation = [seg for seg in session.log if seg.role is not Role.SYSTEM]
+        said = [seg for seg in conversation if seg.text]
+        problem = reinstruct(
+            thinker,
+            sid,
+            instructions,
+            [Message(_THINKER_ROLE[seg.role], seg.text) for seg in said],
+            previous=previous,
+            examples=self.examples,
+        )
+        if problem:
+            session.emit(
+                p.SessionError(
+                    session_id=sid,
+                    code="invalid_instructions",
+                    message=f"the new instructions were not applied: {problem}",
+                    fatal=False,
+                )
+            )
+        opened = thinker.log(sid).segments
+        system = [Segment(Role.SYSTEM, opened[0].text, session.epoch, token_start=0, token_end=opened[0].end)]
+        # The history is the last segments of the new log (the thinker may have trimmed the oldest turns to fit:
+        # those leave the conversation, as a trim does). Empty segments (a reply cut before a word was heard) hold
+        # no tokens and stay where they were.
+        history = opened[1:]
+        kept_said = {id(seg) for seg in said[len(said) - len(history) :]} if history else set()
+        first_kept = next(
+            (i for i, seg in enumerate(conversation) if id(seg) in kept_said), len(conversation)
+        )
+        kept: list[Segment] = []
+        pos = opened[0].end
+        placed = iter(history)
+        for i, seg in enumerate(conversation):
+            if id(seg) in kept_said:
+                tok = next(placed)
+                seg.token_start, seg.token_end = tok.start, tok.end
+                pos = tok.end
+            elif seg.text or i < first_kept:
+                continue  # trimmed
+            else:
+                seg.token_start = seg.token_end = pos
+            kept.append(seg)
+        # One assignment: a stats snapshot taken meanwhile (engine core thread) sees the old or the new log.
+        session.log[:] = system + kept
+        extra = session.stats.extra
+        extra["instructions_rebuilds"] = extra.get("instructions_rebuilds", 0) + 1
+        extra["instructions_rebuild_ms"] = round((time.perf_counter() - t0) * 1000, 1)
+        extra["instructions_rebuild_tokens"] = len(thinker.log(sid))
 
     def _truncate(self, session: DuplexSession, req: TruncateRequest) -> None:
         """Keep only ``req.text`` of reply ``req.turn_id``: roll the thinker back to the reply's checkpoint, append
@@ -484,10 +642,26 @@ class TurnMachine:
         session.log[idx:] = kept
 
     @staticmethod
-    def _take_speak_request(st: CascadeSessionState) -> bool:
-        asked = any(isinstance(x, SpeakRequest) for x in st.pending)
+    def _take_speak_request(st: CascadeSessionState) -> SpeakRequest | None:
+        """The first queued request for a reply (they coalesce into one reply), or None."""
+        asked = next((x for x in st.pending if isinstance(x, SpeakRequest)), None)
         st.pending = [x for x in st.pending if not isinstance(x, SpeakRequest)]
         return asked
+
+    def _decoding(
+        self, session: DuplexSession, st: CascadeSessionState, cap: int
+    ) -> tuple[DecodingSettings, bool]:
+        """The reply's decoding: the thinker's spoken-reply default with the session's temperature and the
+        tightest token cap in force; and whether that cap is the client's (a reply stopped by it is ``capped``)."""
+        base = self.thinker.session_decoding(session.id)
+        cap = cap or st.max_output_tokens
+        client_cap = 0 < cap < base.max_tokens
+        changes: dict[str, Any] = {}
+        if client_cap:
+            changes["max_tokens"] = cap
+        if st.temperature is not None:
+            changes["temperature"] = st.temperature
+        return (dataclasses.replace(base, **changes) if changes else base), client_cap
 
     # --- replies ------------------------------------------------------------------------------------------------
     def _start_reply(
@@ -497,6 +671,7 @@ class TurnMachine:
         *,
         user_text: str | None,
         turn: CallerTurn | None,
+        max_output_tokens: int = 0,
     ) -> None:
         thinker = self.thinker
         self._flush_context(session, st)
@@ -526,7 +701,9 @@ class TurnMachine:
                 "log_before": user_ckpt,
                 "trimmed": int(res.trimmed),
             }
-        ckpt = thinker.begin_reply(session.id, epoch=session.epoch)
+        decoding, client_cap = self._decoding(session, st, max_output_tokens)
+        tts = st.tts or self.tts.tts
+        ckpt = thinker.begin_reply(session.id, epoch=session.epoch, decoding=decoding)
         session.turn_id += 1
         session.stats.turns += 1
         r = Reply(
@@ -536,8 +713,12 @@ class TurnMachine:
             ckpt_log_len=ckpt.log_len,
             user_ckpt_log_len=user_ckpt,
             log_mark=log_mark,
-            resampler=OutputResampler(self.tts.sample_rate, ENGINE_OUTPUT_RATE),
+            resampler=OutputResampler(tts.sample_rate, ENGINE_OUTPUT_RATE),
+            tts=tts,
+            voice=st.voice,
+            temperature=decoding.temperature,
             append_stats=append_stats,
+            client_cap=client_cap,
         )
         st.reply = r
         # A speculative reply is not audible: the caller resuming speech discards it, it is no barge-in.
@@ -660,6 +841,7 @@ class TurnMachine:
             clauses += r.splitter.push(out.text)
             r.text += out.text
         if out.done:
+            r.capped = r.client_cap and out.finish_reason == "length"
             clauses += r.splitter.flush()
             r.advance(ReplyPhase.HELD if r.phase is ReplyPhase.SPECULATIVE else ReplyPhase.VOICING)
             self.thinker.end_reply(session.id, None)
@@ -700,11 +882,19 @@ class TurnMachine:
         )
         self._drop_transient(session, st)
         r.advance(ReplyPhase.DONE)
-        publish_turn(session, st.turn_records, turn_record(r, st.turn), self.thinker)
+        rec = turn_record(r, st.turn)
+        if st.turn is not None:
+            rec["silence_ms"] = (
+                st.detector.settings.silence_ms
+            )  # the window that endpointed the caller's turn
+        publish_turn(session, st.turn_records, rec, self.thinker)
         st.turn = None
         self._flush_context(session, st)
-        if self._take_speak_request(st):
-            self._start_reply(session, st, user_text=None, turn=None)
+        asked = self._take_speak_request(st)
+        if asked is not None:
+            self._start_reply(
+                session, st, user_text=None, turn=None, max_output_tokens=asked.max_output_tokens
+            )
         else:
             session.set_state(
                 p.SessionState.USER_SPEAKING if st.detector.in_speech else p.SessionState.LISTENING

@@ -93,7 +93,8 @@ class TtsWorker:
         resampler = reply.resampler
         # The reply's first audio starts at the voice's onset, not after its leading silence (a latency cut).
         opening = reply.samples == 0
-        for chunk in self.tts.synthesize_opening(text) if opening else self.tts.synthesize(text):
+        tts = reply.tts  # the reply's voice, which need not be the default one
+        for chunk in tts.synthesize_opening(text) if opening else tts.synthesize(text):
             if reply.stale:
                 return
             out = resampler.process(chunk)

@@ -53,7 +53,14 @@ from engine_bridge.adapters.omni.link import BridgeLoop, LinkRefused, OmniLink
 from engine_bridge.config import EngineSettings, OmniPreset
 from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE, ms_to_samples, samples_to_ms
 from engine_bridge.reply import ReplyPhase, ReplySnapshot
-from engine_bridge.session import AdapterState, DuplexSession, InterruptRequest, MuteChange, TextAppend
+from engine_bridge.session import (
+    AdapterState,
+    DuplexSession,
+    InterruptRequest,
+    MuteChange,
+    SettingsChange,
+    TextAppend,
+)
 
 log = logging.getLogger(__name__)
 
@@ -322,8 +329,10 @@ class OmniBridgeAdapter(ModelAdapter):
         match msg:
             case InterruptRequest():
                 self.loop.call(st.bridge.local_barge_in, msg.epoch)
-            case TextAppend() | MuteChange():
-                # Mute zeroes the audio in the engine core; text appends are not part of the duplex audio lane.
+            case TextAppend() | MuteChange() | SettingsChange():
+                # Mute zeroes the audio in the engine core; text appends are not part of the duplex audio lane; the
+                # sidecar session's settings are fixed when it opens (the preset's), so a change is only recorded
+                # in the session's config.
                 return
             case _:
                 log.warning("session %s: unexpected mailbox message %r", session.id, msg)

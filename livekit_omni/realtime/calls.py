@@ -1,0 +1,127 @@
+"""What a server does with a Realtime WebRTC call after it is answered: ``POST /v1/realtime/calls/{call_id}/hangup``
+ends it, and a WebSocket on ``/v1/realtime?call_id=<call_id>`` is a *sideband* to it (the openai SDK's
+``client.realtime.connect(call_id=...)``: an app's backend watches the call's events and steers it with the same
+client events, tools and instructions included, while the browser holds the media).
+
+A call's events go out on its ``oai-events`` data channel and, as the same JSON, on every sideband attached to it
+(:class:`CallTransport`); events from a sideband are handled exactly like those from the data channel. A sideband
+that closes leaves the call running; a call that ends closes its sidebands with the call's close code. The call id
+is the session id in the answer's ``Location`` header, and the sideband needs an API key like any other socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.websockets import WebSocket
+
+from livekit_omni.live.session import CLOSE_NORMAL, CLOSE_TRY_AGAIN, LiveHub, hub_of
+from livekit_omni.live.webrtc import DataChannelTransport
+from livekit_omni.live.websocket import WebSocketTransport
+from livekit_omni.realtime import wire
+from livekit_omni.realtime.client_secrets import error_response
+from livekit_omni.realtime.session import RealtimeSession
+
+log = logging.getLogger(__name__)
+
+
+class CallTransport:
+    """A call's events: its data channel first, then each attached sideband (one encoded event to all)."""
+
+    kind = "webrtc"
+    carries_audio = False
+
+    def __init__(self, channel: DataChannelTransport) -> None:
+        self.channel = channel
+        self.sidebands: set[WebSocketTransport] = set()
+
+    @property
+    def closed(self) -> bool:
+        return self.channel.closed
+
+    def send(self, data: bytes) -> None:
+        self.channel.send(data)
+        for sb in list(self.sidebands):
+            if sb.closed:
+                self.sidebands.discard(sb)
+            else:
+                sb.send(data)
+
+    async def put(self, data: bytes) -> None:
+        await self.channel.put(data)
+        for sb in list(self.sidebands):
+            if not sb.closed:
+                sb.send(data)
+
+    async def close(self, code: int, reason: str = "") -> None:
+        for sb in list(self.sidebands):
+            await sb.close(code, reason)
+        self.sidebands.clear()
+        await self.channel.close(code, reason)
+
+
+def find_call(hub: LiveHub, call_id: str) -> RealtimeSession | None:
+    """The open Realtime WebRTC call ``call_id``, if this server holds it."""
+    for s in hub.sessions:
+        if s.id == call_id and isinstance(s, RealtimeSession) and isinstance(s.transport, CallTransport):
+            return s
+    return None
+
+
+async def hangup_call(request: Request) -> Response:
+    """``POST /v1/realtime/calls/{call_id}/hangup`` (behind the app's API-key check): end the call now, as the
+    browser closing its peer connection would. 404 for a call this server does not hold (or no longer)."""
+    call = find_call(hub_of(request.app), request.path_params["call_id"])
+    if call is None:
+        return error_response(404, "call_not_found", "no open call with that id on this server")
+    log.info("realtime call %s: hung up by the API", call.id)
+    call.spawn(call.end(code=CLOSE_NORMAL, reason="hangup"))
+    return Response(status_code=200)
+
+
+async def run_sideband(ws: WebSocket, transport: WebSocketTransport, call_id: str) -> None:
+    """Serve a sideband socket (already accepted and authenticated) until it or the call closes."""
+    hub = hub_of(ws.app)
+    call = find_call(hub, call_id)
+    if call is None:
+        transport.send(
+            wire.encode(wire.error_event("call_not_found", f"no open call {call_id!r} on this server"))
+        )
+        await transport.close(CLOSE_TRY_AGAIN, "call_not_found")
+        return
+    assert isinstance(call.transport, CallTransport)
+    call.transport.sidebands.add(transport)
+    log.info("realtime call %s: sideband attached (%d)", call.id, len(call.transport.sidebands))
+    limit = hub.settings.limits.max_message_bytes
+    try:
+        while not transport.closed:
+            msg = await ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                return
+            text = msg.get("text")
+            data: str | bytes = text if text is not None else (msg.get("bytes") or b"")
+            if len(data) > limit:
+                transport.send(
+                    wire.encode(
+                        wire.error_event(
+                            "message_too_large",
+                            f"a message may hold at most {limit} bytes; this one was dropped",
+                        )
+                    )
+                )
+                continue
+            await call.handle_text(data)
+    except asyncio.CancelledError:
+        if not transport.aborted:
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+    finally:
+        if isinstance(call.transport, CallTransport):
+            call.transport.sidebands.discard(transport)
+        await transport.close(CLOSE_TRY_AGAIN if transport.aborted else CLOSE_NORMAL)
+        await transport.wait_closed()
