@@ -34,6 +34,19 @@ from livekit_omni.testing.live_client import LiveClient
 from tests.conftest import ServerProcess
 from tests.speech_fixtures import AUDIBLE_DBFS, loud_windows, speech_bounds_ms, synthesize_speech
 
+#: The spoken questions of the benchmarks' callers (short factual questions SmolLM2 answers in a sentence).
+QUESTIONS = [
+    "What is the capital of France?",
+    "How many legs does a spider have?",
+    "What color is the sky?",
+    "What is two plus two?",
+    "What is the largest planet?",
+    "How many days are in a week?",
+    "What is the capital of Italy?",
+    "What do bees make?",
+    "What is the opposite of hot?",
+    "What animal says moo?",
+]
 #: The rates the callers use: PCM16 at 24 kHz over the Live WebSocket; Opus's 48 kHz over WebRTC.
 WS_RATE = 24_000
 WEBRTC_RATE = 48_000

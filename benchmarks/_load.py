@@ -21,25 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from _callers import LiveOutput, Microphone, hear_answer
+from _callers import QUESTIONS, LiveOutput, Microphone, hear_answer
 from _common import ROOT  # noqa: F401  (puts the repository root on sys.path)
 from prometheus_client.parser import text_string_to_metric_families
 
 from livekit_omni.live import wire
 from livekit_omni.testing.live_client import LiveClient
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "How many legs does a spider have?",
-    "What color is the sky?",
-    "What is two plus two?",
-    "What is the largest planet?",
-    "How many days are in a week?",
-    "What is the capital of Italy?",
-    "What do bees make?",
-    "What is the opposite of hot?",
-    "What animal says moo?",
-]
 RATE = 24_000
 #: An answer is over once this much received output has been quiet after its last audible window.
 QUIET_AFTER_REPLY_S = 1.2

@@ -50,7 +50,7 @@ import time
 import urllib.request
 from typing import Any
 
-from _callers import CallerLeg, HeardAudio, hear_answer, webrtc_leg, ws_leg
+from _callers import QUESTIONS, CallerLeg, HeardAudio, hear_answer, webrtc_leg, ws_leg
 from _common import finish, pct
 
 from engine_bridge import protocol as p
@@ -59,18 +59,6 @@ from tests.conftest import ServerProcess, connect_engine, spawn_engine, start_se
 from tests.engine_driver import SessionDriver
 from tests.speech_fixtures import speech_bounds_ms, synthesize_speech
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "How many legs does a spider have?",
-    "What color is the sky?",
-    "What is two plus two?",
-    "What is the largest planet?",
-    "How many days are in a week?",
-    "What is the capital of Italy?",
-    "What do bees make?",
-    "What is the opposite of hot?",
-    "What animal says moo?",
-]
 PATHS = ("engine", "ws", "webrtc")
 #: An answer is over once this much received output has been quiet after its last audible window.
 QUIET_AFTER_REPLY_S = 1.2

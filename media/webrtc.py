@@ -70,7 +70,7 @@ from media.codecs import (
     ulaw_encode,
 )
 from media.egress import EgressPlayer, OutputFrame
-from media.ingress import IngressWriter, SessionLike
+from media.ingress import IngressWriter, SessionLike, frame_to_mono_pcm16
 from media.pacer import Pacer
 
 log = logging.getLogger(__name__)
@@ -380,6 +380,9 @@ class WebRTCPeer:
         self.on_input_frame = on_input_frame
         self.on_datachannel_error = on_datachannel_error
         self._on_output_frame = on_output_frame
+        #: When set, the caller's decoded audio (mono int16 at its rate) goes here instead of the engine's ingress
+        #: ring: a client that commits its own turns (the Realtime dialect's manual mode) buffers it until then.
+        self.input_sink: Callable[[np.ndarray, int], None] | None = None
         self._max_input_backlog = max_input_backlog
         self._tasks: set[asyncio.Task[None]] = set()
         #: connectionstatechange handlers in flight (apart from _tasks: a handler may itself close the peer).
@@ -531,7 +534,11 @@ class WebRTCPeer:
                         frame = newer
                 assert isinstance(frame, AudioFrame)  # an audio track's receiver yields decoded frames
                 self.input_frames += 1
-                self.writer.write_frame(frame)
+                sink = self.input_sink
+                if sink is None:
+                    self.writer.write_frame(frame)
+                else:
+                    sink(frame_to_mono_pcm16(frame), frame.sample_rate)
                 if self.on_input_frame is not None:
                     try:
                         self.on_input_frame(frame)

@@ -287,6 +287,47 @@ async def test_a_bad_offer_is_400(loopback_calls_server: ServerProcess) -> None:
 
 
 @pytest.mark.slow
+async def test_manual_mode_holds_the_track_until_commit_then_response_create_answers(
+    cascade_calls_server: ServerProcess,
+) -> None:
+    """``turn_detection: null`` from the multipart ``session``: a question spoken on the track raises no VAD events
+    and no response; a commit before any audio is refused (empty), ``clear`` drops what was held; after the
+    question again, the commit makes it a user item with its transcript, and ``response.create`` answers on the
+    track."""
+    manual = {
+        "type": "realtime",
+        "audio": {"input": {"turn_detection": None, "transcription": {"model": "w"}}},
+    }
+    async with call(cascade_calls_server, session=manual) as (caller, events, _headers):
+        await events.of_type("session.created", 10)
+        events.send({"type": "input_audio_buffer.commit", "event_id": "early"})
+        err = await events.logged(lambda e: e["type"] == "error" and e["error"]["event_id"] == "early", 10)
+        assert err["error"]["code"] == "input_audio_buffer_commit_empty"
+        # Held, then dropped by clear: a commit after it has (almost) nothing again.
+        caller.play(caller_speech("Never mind this one."))
+        await asyncio.sleep(2.5)
+        events.send({"type": "input_audio_buffer.clear"})
+        await events.of_type("input_audio_buffer.cleared", 10)
+        caller.play(caller_speech(QUESTION))
+        await asyncio.sleep(4.0)  # the question and a second of silence: no VAD turn, no answer
+        assert not events.log.of("input_audio_buffer.speech_started")
+        assert not events.log.of("response.created")
+        events.send({"type": "input_audio_buffer.commit"})
+        committed = await events.of_type("input_audio_buffer.committed", 10)
+        heard = await events.of_type(
+            "conversation.item.input_audio_transcription.completed", 30, item_id=committed["item_id"]
+        )
+        assert "capital" in heard["transcript"].lower() and "never" not in heard["transcript"].lower(), heard
+        heard_before = caller.received_audio().shape[0]
+        events.send({"type": "response.create"})
+        done = await events.of_type("response.done", 90)
+        await events.of_type("output_audio_buffer.stopped", 10, response_id=done["response"]["id"])
+    answer = done["response"]["output"][0]["content"][0]["transcript"]
+    assert "paris" in answer.lower(), answer
+    assert loud_seconds(caller.received_audio()[heard_before:], caller.rate) > 0.5
+
+
+@pytest.mark.slow
 async def test_spoken_question_is_answered_on_the_track(cascade_calls_server: ServerProcess) -> None:
     """A question spoken on the track is heard (VAD events), answered in audio on the track (with
     ``output_audio_buffer.started`` … ``response.done`` … ``output_audio_buffer.stopped``) and transcribed in

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from starlette.websockets import WebSocket
@@ -210,3 +211,33 @@ async def live_websocket(ws: WebSocket) -> None:
         await session.transport_lost(transport, may_detach=not transport.aborted and not deliberate)
         await transport.close(CLOSE_TRY_AGAIN if transport.aborted else 1000)
         await transport.wait_closed()
+
+
+async def receive_messages(
+    ws: WebSocket,
+    transport: WebSocketTransport,
+    handle: Callable[[str | bytes], Awaitable[None]],
+    *,
+    limit: int,
+    too_large: Callable[[str], None],
+) -> None:
+    """Hand each message of ``ws`` to ``handle`` until the client disconnects or the transport closes; a message
+    over ``limit`` bytes goes to ``too_large`` (with the text of its error) instead. A client that stopped reading
+    (the transport cancels this task then) ends it normally."""
+    try:
+        while not transport.closed:
+            msg = await ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                return
+            text = msg.get("text")
+            data: str | bytes = text if text is not None else (msg.get("bytes") or b"")
+            if len(data) > limit:
+                too_large(f"a message may hold at most {limit} bytes; this one was dropped")
+                continue
+            await handle(data)
+    except asyncio.CancelledError:
+        if not transport.aborted:
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()

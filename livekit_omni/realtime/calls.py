@@ -11,7 +11,6 @@ is the session id in the answer's ``Location`` header, and the sideband needs an
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from starlette.requests import Request
@@ -20,7 +19,7 @@ from starlette.websockets import WebSocket
 
 from livekit_omni.live.session import CLOSE_NORMAL, CLOSE_TRY_AGAIN, LiveHub, hub_of
 from livekit_omni.live.webrtc import DataChannelTransport
-from livekit_omni.live.websocket import WebSocketTransport
+from livekit_omni.live.websocket import WebSocketTransport, receive_messages
 from livekit_omni.realtime import wire
 from livekit_omni.realtime.client_secrets import error_response
 from livekit_omni.realtime.session import RealtimeSession
@@ -95,31 +94,14 @@ async def run_sideband(ws: WebSocket, transport: WebSocketTransport, call_id: st
     assert isinstance(call.transport, CallTransport)
     call.transport.sidebands.add(transport)
     log.info("realtime call %s: sideband attached (%d)", call.id, len(call.transport.sidebands))
-    limit = hub.settings.limits.max_message_bytes
+
+    def too_large(message: str) -> None:
+        transport.send(wire.encode(wire.error_event("message_too_large", message)))
+
     try:
-        while not transport.closed:
-            msg = await ws.receive()
-            if msg["type"] == "websocket.disconnect":
-                return
-            text = msg.get("text")
-            data: str | bytes = text if text is not None else (msg.get("bytes") or b"")
-            if len(data) > limit:
-                transport.send(
-                    wire.encode(
-                        wire.error_event(
-                            "message_too_large",
-                            f"a message may hold at most {limit} bytes; this one was dropped",
-                        )
-                    )
-                )
-                continue
-            await call.handle_text(data)
-    except asyncio.CancelledError:
-        if not transport.aborted:
-            raise
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
+        await receive_messages(
+            ws, transport, call.handle_text, limit=hub.settings.limits.max_message_bytes, too_large=too_large
+        )
     finally:
         if isinstance(call.transport, CallTransport):
             call.transport.sidebands.discard(transport)

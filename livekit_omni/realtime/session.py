@@ -25,12 +25,15 @@ client's first ``session.update`` (instructions, voice, turn detection) is what 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
 
 from engine_bridge import protocol as p
 from engine_bridge.client import EngineSession
@@ -53,7 +56,7 @@ from media.bridge import SessionBridge
 from media.egress import EgressPlayer, OutputFrame
 
 if TYPE_CHECKING:
-    from livekit_omni.live.wire import WireFormat
+    from media.webrtc import WebRTCPeer
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +175,11 @@ class RealtimeSession:
         self._untranscribed: list[ItemRecord] = []
         #: Manual mode: the uncommitted input buffer (engine-rate agnostic: bytes in the input format).
         self._buffer = bytearray()
+        #: Manual mode over WebRTC: the track's audio since the last commit (mono int16 pieces at _track_rate).
+        self._track_audio: list[np.ndarray] = []
+        self._track_samples = 0
+        self._track_rate = 48_000
+        self._peer: WebRTCPeer | None = None
         self._input_ms = 0.0  # all audio appended, on the dialect's input clock
         #: Manual mode: engine input fed so far (ms), and the lock that keeps commits in order.
         self._fed_ms = 0.0
@@ -273,7 +281,7 @@ class RealtimeSession:
             case wire.InputAudioCommit():
                 await self._on_commit(cid)
             case wire.InputAudioClear():
-                self._buffer.clear()
+                self._clear_buffer()
                 self.emit(wire.InputCleared())
             case wire.OutputAudioClear():
                 # WebRTC's "stop playing"; over the WebSocket it is a cancel of what is playing.
@@ -350,7 +358,39 @@ class RealtimeSession:
         if manual:
             self._speaking = None
         else:
-            self._buffer.clear()
+            self._clear_buffer()
+        self._route_track()
+
+    def attach_peer(self, peer: WebRTCPeer) -> None:
+        """A WebRTC call's peer: in manual mode its audio is buffered here until the client commits a turn."""
+        self._peer = peer
+        self._route_track()
+
+    def _route_track(self) -> None:
+        if self._peer is not None:
+            self._peer.input_sink = self._capture_track if self.manual else None
+
+    def _capture_track(self, pcm: np.ndarray, rate: int) -> None:
+        """The track's audio while no commit has come (manual mode over WebRTC): kept, at most MAX_BUFFER_S."""
+        if rate != self._track_rate:  # the codec's rate does not change within a call; if it did, start over
+            self._clear_buffer()
+            self._track_rate = rate
+        self._track_audio.append(pcm.copy())
+        self._track_samples += pcm.shape[0]
+        cap = int(MAX_BUFFER_S * rate)
+        while self._track_samples - self._track_audio[0].shape[0] >= cap:
+            self._track_samples -= self._track_audio.pop(0).shape[0]
+
+    def _clear_buffer(self) -> None:
+        self._buffer.clear()
+        self._track_audio.clear()
+        self._track_samples = 0
+
+    def _buffered_ms(self) -> float:
+        if self.on_track:
+            return self._track_samples / self._track_rate * 1000
+        fmt = self.config.input_format
+        return len(self._buffer) / fmt.bytes_per_sample / fmt.rate * 1000
 
     # --- the engine session -------------------------------------------------------------------------------
     async def ensure_engine(self) -> EngineSession:
@@ -430,7 +470,7 @@ class RealtimeSession:
 
     async def _on_commit(self, cid: str | None) -> None:
         fmt = self.config.input_format
-        have_ms = len(self._buffer) / fmt.bytes_per_sample / fmt.rate * 1000
+        have_ms = self._buffered_ms()
         if not self.manual:
             # Under server VAD the server commits at each endpoint; the buffer is what the VAD has not ended yet.
             have_ms = 0.0 if self._speaking is None else float(MIN_COMMIT_MS)
@@ -442,37 +482,50 @@ class RealtimeSession:
             )
         if not self.manual:
             return  # the VAD's endpoint commits the turn in progress
-        audio, self._buffer = bytes(self._buffer), bytearray()
+        assert self.bridge is not None
+        writer = self.bridge.writer
+        pieces: list[Callable[[], object]] = []  # 100 ms each, the committed audio then a silent tail
+        if self.on_track:
+            rate = self._track_rate
+            pcm = np.concatenate([*self._track_audio, np.zeros(rate * COMMIT_TAIL_MS // 1000, np.int16)])
+            span_ms = pcm.shape[0] / rate * 1000
+            step = rate // 10
+            pieces = [
+                functools.partial(writer.write_pcm16, pcm[i : i + step], rate)
+                for i in range(0, pcm.shape[0], step)
+            ]
+        else:
+            tail = bytes(int(fmt.rate * COMMIT_TAIL_MS / 1000) * fmt.bytes_per_sample)
+            if fmt.encoding == "pcmu":
+                tail = b"\xff" * len(tail)
+            elif fmt.encoding == "pcma":
+                tail = b"\xd5" * len(tail)
+            data = bytes(self._buffer) + tail
+            span_ms = len(data) / fmt.bytes_per_sample / fmt.rate * 1000
+            step = int(fmt.rate * 0.1) * fmt.bytes_per_sample
+            pieces = [functools.partial(writer.write, data[i : i + step]) for i in range(0, len(data), step)]
+        self._clear_buffer()
         rec = self._add_item(
             wire.message_item(
                 wire.new_id("item"), "user", [wire.ContentPart(type="input_audio", transcript=None)]
             ),
             committed=True,
         )
-        tail = bytes(int(fmt.rate * COMMIT_TAIL_MS / 1000) * fmt.bytes_per_sample)
-        if fmt.encoding == "pcmu":
-            tail = b"\xff" * len(tail)
-        elif fmt.encoding == "pcma":
-            tail = b"\xd5" * len(tail)
-        data = audio + tail
-        span_ms = len(data) / fmt.bytes_per_sample / fmt.rate * 1000
         rec.start_ms, rec.end_ms = int(self._fed_ms), int(self._fed_ms + span_ms)
         self._fed_ms += span_ms
         self._untranscribed.append(rec)
         self._transcribed.clear()
-        self.spawn(self._feed(data, fmt, rec))
+        self.spawn(self._feed(pieces, rec))
 
-    async def _feed(self, data: bytes, fmt: WireFormat, rec: ItemRecord) -> None:
-        """Manual mode: the committed buffer and a silent tail into the engine, at a few times real time, in
-        order behind earlier commits. A turn the ASR heard nothing in is given up after a while."""
+    async def _feed(self, pieces: list[Callable[[], object]], rec: ItemRecord) -> None:
+        """Manual mode: the committed audio (100 ms ``pieces`` that write it) into the engine, at a few times real
+        time, in order behind earlier commits. A turn the ASR heard nothing in is given up after a while."""
         assert self.bridge is not None
         async with self._feeding:
-            writer = self.bridge.writer
-            step = int(fmt.rate * 0.1) * fmt.bytes_per_sample  # 100 ms
-            for i in range(0, len(data), step):
+            for write in pieces:
                 if self.state == "closed":
                     return
-                writer.write(data[i : i + step])
+                write()
                 await asyncio.sleep(0.1 / COMMIT_FEED_SPEED)
         await asyncio.sleep(TRANSCRIPT_GIVE_UP_S)
         if rec in self._untranscribed:

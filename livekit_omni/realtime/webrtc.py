@@ -13,7 +13,9 @@ through the Live dialect's WebRTC media plane (:func:`media.webrtc.answer_offer`
 ``input_audio_buffer.append`` and no ``response.output_audio.delta``; instead ``output_audio_buffer.started``
 marks a response's first audio on the track, and ``output_audio_buffer.stopped`` (all of it played) or
 ``output_audio_buffer.cleared`` (cut by a barge-in or ``output_audio_buffer.clear``) follows its ``response.done``.
-The engine session opens with the POST, so turn detection is the one the call starts with.
+The engine session opens with the POST. In manual mode (``turn_detection: null``, at the start or by a later
+``session.update``) the track's audio is held by the session until ``input_audio_buffer.commit`` makes it a user
+item, as appended audio is over the WebSocket.
 
 Auth: ``Authorization: Bearer`` with an API key, or with an ephemeral key from ``/v1/realtime/client_secrets``
 (spent by this call; its session is the call's starting configuration). After the answer, the call can be hung up
@@ -190,6 +192,7 @@ async def create_call(request: Request) -> Response:
         )
     channel.peer = peer
     session.player = peer.player
+    session.attach_peer(peer)  # manual mode: the track's audio waits for input_audio_buffer.commit
     # Queued by the peer until the client's data channel opens, then sent first.
     session.start()
     session.spawn(

@@ -12,14 +12,13 @@ The outbound queue, writer task and close handling are the Live socket's :class:
 
 from __future__ import annotations
 
-import asyncio
 from typing import Final
 
 from starlette.websockets import WebSocket
 
 from livekit_omni.auth import bearer_token, key_is_valid
 from livekit_omni.live.session import CLOSE_POLICY, CLOSE_TRY_AGAIN, hub_of
-from livekit_omni.live.websocket import WebSocketTransport
+from livekit_omni.live.websocket import WebSocketTransport, receive_messages
 from livekit_omni.realtime import wire
 from livekit_omni.realtime.calls import run_sideband
 from livekit_omni.realtime.session import RealtimeSession
@@ -68,24 +67,13 @@ async def realtime_websocket(ws: WebSocket) -> None:
             await run_sideband(ws, transport, call_id)
             return
         session.start()
-        while not transport.closed:
-            msg = await ws.receive()
-            if msg["type"] == "websocket.disconnect":
-                return
-            text = msg.get("text")
-            data: str | bytes = text if text is not None else (msg.get("bytes") or b"")
-            if len(data) > limit:
-                session.error(
-                    "message_too_large", f"a message may hold at most {limit} bytes; this one was dropped"
-                )
-                continue
-            await session.handle_text(data)
-    except asyncio.CancelledError:
-        if not transport.aborted:
-            raise
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
+        await receive_messages(
+            ws,
+            transport,
+            session.handle_text,
+            limit=limit,
+            too_large=lambda m: session.error("message_too_large", m),
+        )
     finally:
         hub.losses["events_unread"] += transport.unread
         if not sideband:
