@@ -581,3 +581,25 @@ async def test_webrtc_ice_failure_detaches_and_a_new_offer_with_the_token_resume
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_resume_takes_over_a_connection_the_server_still_holds(server: ServerProcess) -> None:
+    """The client lost its connection but the server has not noticed yet (a half-open TCP connection): the token
+    still resumes the session; the old connection is closed (1000, ``session_resumed``) and left behind."""
+    c1, st1 = await start_session(server)
+    assert st1.resume_token is not None
+    engine_before = engine_counts(server)
+    c2 = await connect(server)
+    try:
+        st2 = await c2.resume(st1.resume_token)
+        assert isinstance(st2, wire.SessionStarted) and st2.session.id == st1.session.id, st2
+        assert await c1.wait_closed() == 1000 and c1.close_reason == "session_resumed"
+        # The session lives on the new connection, on the same engine session.
+        await c2.send({"type": "session.input_audio.mute", "event_id": "m"})
+        assert (await c2.next_event(wire.InputAudioMuted)).client_event_id == "m"
+        assert engine_counts(server) == engine_before
+        await c2.send({"type": "session.close"})
+        await c2.next_event(wire.SessionClosed)
+    finally:
+        await c1.close()
+        await c2.close()
