@@ -180,8 +180,7 @@ async def live_websocket(ws: WebSocket) -> None:
                 return
             text = msg.get("text")
             data: str | bytes = text if text is not None else (msg.get("bytes") or b"")
-            n = len(data)
-            if n > limit or (isinstance(data, str) and n * 4 > limit and len(data.encode()) > limit):
+            if _too_large(data, limit):
                 session.emit(
                     wire.error_event(
                         "message_too_large",
@@ -231,7 +230,7 @@ async def receive_messages(
                 return
             text = msg.get("text")
             data: str | bytes = text if text is not None else (msg.get("bytes") or b"")
-            if len(data) > limit:
+            if _too_large(data, limit):
                 too_large(f"a message may hold at most {limit} bytes; this one was dropped")
                 continue
             await handle(data)
@@ -241,3 +240,9 @@ async def receive_messages(
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
+
+
+def _too_large(data: str | bytes, limit: int) -> bool:
+    """Over ``limit`` bytes (a text frame is measured in UTF-8, encoded only when its length leaves it in doubt)."""
+    n = len(data)
+    return n > limit or (isinstance(data, str) and n * 4 > limit and len(data.encode()) > limit)
