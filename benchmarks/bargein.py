@@ -37,7 +37,7 @@ from _common import finish, pct
 from _load import scrape
 
 from engine_bridge import protocol as p
-from tests.conftest import connect_engine, spawn_engine, start_server
+from tests.conftest import ServerProcess, connect_engine, spawn_engine, start_server
 from tests.engine_driver import SessionDriver
 from tests.speech_fixtures import speech_bounds_ms, synthesize_speech
 
@@ -143,51 +143,58 @@ async def webrtc_trials(n: int, *, duck_db: float | None) -> list[dict[str, floa
     server = await asyncio.to_thread(start_server, adapter="cascade", env=env, ready_timeout=400)
     rows: list[dict[str, float]] = []
     try:
-        leg = await webrtc_leg(server, keep_levels=True)
-        assert leg.send is not None
-        try:
-            await asyncio.sleep(1.0)
-            i = 0
-            while len(rows) < n and i < 3 * n:
-                i += 1
-                leg.heard.scan()
-                w0 = leg.heard.windows_received()
-                await leg.send({"type": "session.commentary.append", "content": STORY, "delegation_id": None})
-                t0 = time.monotonic()
-                first = None
-                while first is None and time.monotonic() < t0 + 30:
-                    await asyncio.sleep(0.05)
-                    leg.heard.scan()
-                    first = leg.heard.first_loud_after(t0, w0)
-                if first is None:
-                    print(f"webrtc trial {i}: no answer heard", file=sys.stderr)
-                    continue
-                await asyncio.sleep(max(0.0, first[1] + 0.5 - time.monotonic()))  # half a second of the story
-                barge_ins = await asyncio.to_thread(_barge_ins, server.url)
-                onset = await leg.say(INTERRUPTIONS[i % len(INTERRUPTIONS)], mark="onset")
-                await asyncio.sleep(max(0.0, onset + STOP_HOLD_S + 0.3 - time.monotonic()))
-                leg.heard.scan()
-                if await asyncio.to_thread(_barge_ins, server.url) == barge_ins:
-                    # The answer ended on its own before the barge-in minimum: its silence is no stop; retried.
-                    print(f"webrtc trial {i}: the answer ended before the barge-in; retried", file=sys.stderr)
-                    await asyncio.sleep(4.0)
-                    continue
-                stop, level = output_stop_ms(leg, onset)
-                rows.append({"stop_ms": stop, "level_dbfs": level})
-                print(
-                    f"webrtc trial {len(rows):2d} (duck_db={duck_db if duck_db is not None else 'default'}): "
-                    f"output down {stop:6.0f} ms after the onset (answer at {level:5.1f} dBFS)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                # Let the answer to the interruption play out, so the next story starts on a quiet line.
-                await asyncio.sleep(4.0)
-        finally:
-            for close in leg.closers:
-                await close()
+        i = 0
+        while len(rows) < n and i < 3 * n:
+            i += 1
+            # A fresh call per trial, as on the engine path: no trial answers in the shadow of the one before
+            # (a greedy model fed the same interruptions drifts into one-line answers too short to cut).
+            row = await _webrtc_trial(server, i)
+            if row is None:
+                continue
+            rows.append(row)
+            print(
+                f"webrtc trial {len(rows):2d} (duck_db={duck_db if duck_db is not None else 'default'}): "
+                f"output down {row['stop_ms']:6.0f} ms after the onset (answer at {row['level_dbfs']:5.1f} dBFS)",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         await asyncio.to_thread(server.stop)
     return rows
+
+
+async def _webrtc_trial(server: ServerProcess, i: int) -> dict[str, float] | None:
+    """One call: the story, the interruption half a second into it, the stop measured at the listener; None when
+    no answer came or it ended on its own before the barge-in (its silence is no stop)."""
+    leg = await webrtc_leg(server, keep_levels=True)
+    assert leg.send is not None
+    try:
+        await asyncio.sleep(0.5)
+        leg.heard.scan()
+        w0 = leg.heard.windows_received()
+        await leg.send({"type": "session.commentary.append", "content": STORY, "delegation_id": None})
+        t0 = time.monotonic()
+        first = None
+        while first is None and time.monotonic() < t0 + 30:
+            await asyncio.sleep(0.05)
+            leg.heard.scan()
+            first = leg.heard.first_loud_after(t0, w0)
+        if first is None:
+            print(f"webrtc trial {i}: no answer heard", file=sys.stderr)
+            return None
+        await asyncio.sleep(max(0.0, first[1] + 0.5 - time.monotonic()))  # half a second of the story
+        barge_ins = await asyncio.to_thread(_barge_ins, server.url)
+        onset = await leg.say(INTERRUPTIONS[i % len(INTERRUPTIONS)], mark="onset")
+        await asyncio.sleep(max(0.0, onset + STOP_HOLD_S + 0.3 - time.monotonic()))
+        leg.heard.scan()
+        if await asyncio.to_thread(_barge_ins, server.url) == barge_ins:
+            print(f"webrtc trial {i}: the answer ended before the barge-in; retried", file=sys.stderr)
+            return None
+        stop, level = output_stop_ms(leg, onset)
+        return {"stop_ms": stop, "level_dbfs": level}
+    finally:
+        for close in leg.closers:
+            await close()
 
 
 def _barge_ins(url: str) -> float:
