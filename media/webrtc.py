@@ -380,8 +380,9 @@ class WebRTCPeer:
         self.on_input_frame = on_input_frame
         self.on_datachannel_error = on_datachannel_error
         self._on_output_frame = on_output_frame
-        #: When set, the caller's decoded audio (mono int16 at its rate) goes here instead of the engine's ingress
-        #: ring: a client that commits its own turns (the Realtime dialect's manual mode) buffers it until then.
+        #: When set, the caller's decoded audio (mono int16 at its rate, a fresh array per frame the sink may keep)
+        #: goes here instead of the engine's ingress ring: a client that commits its own turns (the Realtime
+        #: dialect's manual mode) buffers it until then.
         self.input_sink: Callable[[np.ndarray, int], None] | None = None
         self._max_input_backlog = max_input_backlog
         self._tasks: set[asyncio.Task[None]] = set()

@@ -25,6 +25,7 @@ client's first ``session.update`` (instructions, voice, turn detection) is what 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import secrets
@@ -176,7 +177,7 @@ class RealtimeSession:
         #: Manual mode: the uncommitted input buffer (engine-rate agnostic: bytes in the input format).
         self._buffer = bytearray()
         #: Manual mode over WebRTC: the track's audio since the last commit (mono int16 pieces at _track_rate).
-        self._track_audio: list[np.ndarray] = []
+        self._track_audio: collections.deque[np.ndarray] = collections.deque()
         self._track_samples = 0
         self._track_rate = 48_000
         self._peer: WebRTCPeer | None = None
@@ -375,11 +376,13 @@ class RealtimeSession:
         if rate != self._track_rate:  # the codec's rate does not change within a call; if it did, start over
             self._clear_buffer()
             self._track_rate = rate
-        self._track_audio.append(pcm.copy())
+        self._track_audio.append(
+            pcm
+        )  # the peer's own array for this frame (decoded afresh), not a shared buffer
         self._track_samples += pcm.shape[0]
         cap = int(MAX_BUFFER_S * rate)
         while self._track_samples - self._track_audio[0].shape[0] >= cap:
-            self._track_samples -= self._track_audio.pop(0).shape[0]
+            self._track_samples -= self._track_audio.popleft().shape[0]
 
     def _clear_buffer(self) -> None:
         self._buffer.clear()
