@@ -30,6 +30,8 @@ from livekit_omni.drain import DRAINING_CODE, DRAINING_MESSAGE, Drain
 from livekit_omni.live import wire
 from livekit_omni.live.resume import TOKEN_INVALID, TRANSPORT_MISMATCH
 from livekit_omni.live.session import CLOSE_TRY_AGAIN, LiveHub, LiveSession, hub_of
+from livekit_omni.settings import Settings
+from media.bridge import SessionBridge
 from media.webrtc import MAX_DATACHANNEL_BUFFERED, SdpError, WebRTCPeer, answer_offer
 
 log = logging.getLogger(__name__)
@@ -131,6 +133,20 @@ async def read_body(request: Request, limit: int) -> bytes | None:
         if len(body) > limit:
             return None
     return bytes(body)
+
+
+async def answer_with_settings(
+    settings: Settings, sdp: str, bridge: SessionBridge, **handlers: Any
+) -> WebRTCPeer:
+    """:func:`media.webrtc.answer_offer` with the server's WebRTC settings (ICE servers, loopback-only), for both
+    dialects' calls; ``handlers`` are its ``on_*`` callbacks."""
+    return await answer_offer(
+        sdp,
+        bridge,
+        ice_servers=ice_servers(settings.webrtc.ice_servers),
+        loopback_only=True if settings.webrtc.loopback_only else None,
+        **handlers,
+    )
 
 
 def ice_servers(servers: list[dict[str, Any]]) -> list[RTCIceServer]:
@@ -252,11 +268,10 @@ async def _answer(live: LiveSession, transport: DataChannelTransport, sdp: str) 
         live.spawn(live.end(None, code=CLOSE_TRY_AGAIN, notify=False))
 
     transport.on_stalled = on_stalled
-    return await answer_offer(
+    return await answer_with_settings(
+        settings,
         sdp,
         live.bridge,
-        ice_servers=ice_servers(settings.webrtc.ice_servers),
-        loopback_only=True if settings.webrtc.loopback_only else None,
         on_datachannel_message=live.handle_text,
         on_connection_state=on_state,
         on_output_frame=live.on_output_frame,

@@ -42,15 +42,15 @@ from livekit_omni.live.session import CLOSE_TRY_AGAIN, hub_of
 from livekit_omni.live.webrtc import (
     BODY_SLACK_BYTES,
     DataChannelTransport,
+    answer_with_settings,
     connect_deadline,
-    ice_servers,
     read_body,
 )
 from livekit_omni.realtime import wire
 from livekit_omni.realtime.calls import CallTransport
 from livekit_omni.realtime.client_secrets import error_response, keys_of
 from livekit_omni.realtime.session import RealtimeSession
-from media.webrtc import SdpError, answer_offer, check_offer
+from media.webrtc import SdpError, check_offer
 
 log = logging.getLogger(__name__)
 
@@ -170,11 +170,10 @@ async def create_call(request: Request) -> Response:
         session.emit(wire.error_event(code, message))
 
     try:
-        peer = await answer_offer(
+        peer = await answer_with_settings(
+            settings,
             sdp,
             session.bridge,
-            ice_servers=ice_servers(settings.webrtc.ice_servers),
-            loopback_only=True if settings.webrtc.loopback_only else None,
             on_datachannel_message=session.handle_text,
             on_connection_state=on_state,
             on_output_frame=session.on_frame,
