@@ -720,6 +720,7 @@ function installTestHooks() {
       notice: ui.notice.hidden ? null : { code: ui.notice.dataset.code, text: ui.notice.textContent },
     }),
     notices: () => test.notices,
+    resumes: () => test.resumes,
     transcripts: () => transcript.snapshot(),
     events: () => test.events,
     errors: () => test.errors,

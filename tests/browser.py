@@ -169,11 +169,22 @@ def wait_until(
         if value:
             return value
         if time.monotonic() > deadline:
-            state: Any = None
-            with contextlib.suppress(Exception):
-                state = driver.execute_script("return window.lkoTest && window.lkoTest.status()")
-            raise TimeoutError(f"waited {timeout} s for {what}; page status: {state}")
+            raise TimeoutError(f"waited {timeout} s for {what}; {page_diagnosis(driver)}")
         time.sleep(poll)
+
+
+def page_diagnosis(driver: WebDriver) -> str:
+    """The page's status, its transcript and a count of the server events it received, for a failure message
+    (CI keeps only the test's output, not its artifacts)."""
+    state: Any = None
+    with contextlib.suppress(Exception):
+        state = driver.execute_script(
+            "const t = window.lkoTest; if (!t) return null;"
+            " const counts = {}; for (const e of t.events()) counts[e.type] = (counts[e.type] || 0) + 1;"
+            " return {status: t.status(), resumes: t.resumes(), transcripts: t.transcripts(), events: counts,"
+            " errors: t.errors()};"
+        )
+    return f"page: {state}"
 
 
 def page_call(driver: WebDriver, method: str, *args: Any) -> Any:

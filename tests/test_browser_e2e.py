@@ -70,8 +70,9 @@ def server() -> Iterator[ServerProcess]:
 @pytest.fixture
 def idle_server(server: ServerProcess) -> ServerProcess:
     """The server once its single session slot is free (a previous test's call may still be closing; after a
-    failed test that quit the browser without hanging up, the server only notices when ICE consent expires)."""
-    deadline = time.monotonic() + 60
+    failed test that quit the browser without hanging up, the server only notices when ICE consent expires, about
+    30 s, and then keeps the detached session for its resume grace, 30 s by default)."""
+    deadline = time.monotonic() + 90
     while (active := server.health()[1]["engine"].get("active_sessions", 0)) != 0:
         assert time.monotonic() < deadline, f"the previous call still holds {active} session(s)"
         time.sleep(0.2)
