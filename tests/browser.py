@@ -49,6 +49,13 @@ class BrowserUnavailable(RuntimeError):
     """Chromium or chromedriver is missing and could not be installed."""
 
 
+#: Silence before the first words of a fake-mic file. Chromium's fake capture device starts playing the file at
+#: getUserMedia, before the call is connected; what plays before the server receives audio is lost. 1.5 s was
+#: enough on a quiet machine, but under load the connection took longer: the server heard "But as the capital of
+#: France" (startMs 0); in CI, most likely the same loss cost more words, and the answer had no "Paris".
+MIC_LEAD_MS = 4000
+
+
 def _first_existing(paths: tuple[str, ...]) -> str | None:
     return next((p for p in paths if os.access(p, os.X_OK)), None)
 

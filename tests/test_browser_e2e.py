@@ -29,7 +29,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from engine_bridge.speech.asr import WhisperTranscriber
 from engine_bridge.speech.text import normalize_text
-from tests.browser import launch_chromium, page_call, pull_capture, wait_until
+from tests.browser import MIC_LEAD_MS, launch_chromium, page_call, pull_capture, wait_until
 from tests.conftest import ServerProcess, start_server
 from tests.speech_fixtures import synthesize_speech, write_wav
 
@@ -229,7 +229,7 @@ def test_spoken_question_is_answered_in_the_browser(
     idle_server: ServerProcess, output_dir: Path, asr: WhisperTranscriber
 ) -> None:
     wav = output_dir / "fake-mic.wav"
-    fake_mic(wav, "What is the capital of France?", 1500)
+    fake_mic(wav, "What is the capital of France?", MIC_LEAD_MS)
     with launch_chromium(output_dir, fake_mic_wav=wav) as driver:
         open_page(driver, idle_server)
         assert connect(driver)["mic"]["echoCancellation"] is False, "?aec=0 turns audio processing off"
@@ -334,7 +334,7 @@ def _barge_in_attempt(
     """One call: the caller asks for a story, then talks over the answer. Returns the page's report, its level
     timelines and the page clock when the interruption was started."""
     wav = out / "fake-mic.wav"
-    fake_mic(wav, "Tell me a long story about a dragon.", 1500)
+    fake_mic(wav, "Tell me a long story about a dragon.", MIC_LEAD_MS)
     with launch_chromium(out / f"attempt-{attempt}", fake_mic_wav=wav) as driver:
         open_page(driver, server)
         connect(driver)

@@ -29,7 +29,7 @@ from selenium.webdriver.common.by import By
 
 from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from media.webrtc import enable_loopback_ice
-from tests.browser import launch_chromium, wait_until
+from tests.browser import MIC_LEAD_MS, launch_chromium, wait_until
 from tests.conftest import ServerProcess, start_server
 from tests.realtime_checks import ServerEventLog
 from tests.speech_fixtures import synthesize_speech, write_wav
@@ -445,7 +445,7 @@ def test_browser_page_hears_an_answer(cascade_calls_server: ServerProcess, outpu
     """The page's standard pattern (client secret, getUserMedia, RTCPeerConnection, SDP to /v1/realtime/calls,
     oai-events) with a fake microphone asking a question: the answer arrives as events and is heard."""
     wav = output_dir / "fake-mic.wav"
-    _mic_wav(wav, QUESTION, 1500)
+    _mic_wav(wav, QUESTION, MIC_LEAD_MS)
     with launch_chromium(output_dir, fake_mic_wav=wav) as driver:
         _open_realtime_page(driver, cascade_calls_server)
         _, done = _page_event(driver, lambda e: e["type"] == "response.done", 90, "the answer")
@@ -485,7 +485,7 @@ def test_browser_page_barge_in_stops_the_answer(
     """Talking over a long answer (the fake mic re-opened with the interruption): the answer is cancelled
     (``turn_detected``), ``output_audio_buffer.cleared`` follows, and the page hears no more of it."""
     wav = output_dir / "fake-mic.wav"
-    _mic_wav(wav, "Tell me a long story about a dragon and a knight.", 1500)
+    _mic_wav(wav, "Tell me a long story about a dragon and a knight.", MIC_LEAD_MS)
     with launch_chromium(output_dir, fake_mic_wav=wav) as driver:
         _open_realtime_page(driver, cascade_calls_server)
         _, first = _page_event(driver, lambda e: e["type"] == "output_audio_buffer.started", 90, "the answer")
