@@ -56,7 +56,6 @@ AUDIO_TICK_S: Final = 0.010
 #: queueing reply audio, so this timeout is only a safety net (e.g. a client that cannot reach the doorbell).
 #: A 10 ms timer here cost a second wake-up per 20 ms frame for nothing (benchmarks/ring_ipc.py).
 AUDIO_IDLE_WAIT_S: Final = 0.100
-SCHEDULER_IDLE_S: Final = 0.005
 READ_CHUNK_SAMPLES: Final = 16_000  # at most 1 s of caller audio per session per tick
 
 
@@ -289,6 +288,7 @@ class Engine:
             case p.SetMute():
                 session.muted = cmd.muted
                 session.post(MuteChange(cmd.muted))
+                self._wake.set()  # like every other message posted here: an adapter may poll rarely
                 return p.Reply(req_id=cmd.req_id, result=p.MuteSet(muted=cmd.muted))
             case p.Interrupt():
                 epoch = session.bump_epoch()
@@ -600,7 +600,7 @@ class Engine:
                             )
                         )
             if not worked:
-                self._wake.wait(SCHEDULER_IDLE_S)
+                self._wake.wait(self.adapter.scheduler_idle_s)
                 self._wake.clear()
 
     def _drain_mailbox(self, s: DuplexSession) -> None:

@@ -49,6 +49,10 @@ class SessionRefused(Exception):
 class ModelAdapter(ABC):
     name: str = ""
     caps: AdapterCaps
+    #: How long the scheduler thread sleeps when :meth:`step` did no work before it looks again (it wakes at once
+    #: when ``wake`` is set). 5 ms suits adapters whose ``step`` has work to find on its own (a decode to run);
+    #: an adapter whose ``step`` never works raises it, so an idle scheduler does not wake 200 times a second.
+    scheduler_idle_s: float = 0.005
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
