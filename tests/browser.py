@@ -37,6 +37,8 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
 
+from tests.speech_fixtures import synthesize_speech, write_wav
+
 CHROMIUM_PATHS = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 CHROMEDRIVER_PATHS = ("/usr/bin/chromedriver",)
 #: Base64 characters pulled through one execute_script call: well under chromedriver's message limits.
@@ -54,6 +56,15 @@ class BrowserUnavailable(RuntimeError):
 #: enough on a quiet machine, but under load the connection took longer: the server heard "But as the capital of
 #: France" (startMs 0); in CI, most likely the same loss cost more words, and the answer had no "Paris".
 MIC_LEAD_MS = 4000
+#: Chromium's fake capture device takes a 48 kHz WAV as it is.
+FAKE_MIC_RATE = 48_000
+
+
+def write_fake_mic(path: Path, text: str, lead_ms: int = MIC_LEAD_MS) -> None:
+    """Write a fake microphone's file: ``text`` spoken by Piper after ``lead_ms`` of silence, then 10 s of silence
+    (the device plays it once: ``%noloop``)."""
+    clip = synthesize_speech(text, rate=FAKE_MIC_RATE, lead_silence_ms=lead_ms, tail_silence_ms=10_000)
+    write_wav(path, clip, FAKE_MIC_RATE)
 
 
 def _first_existing(paths: tuple[str, ...]) -> str | None:

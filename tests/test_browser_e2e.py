@@ -29,14 +29,16 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from engine_bridge.speech.asr import WhisperTranscriber
 from engine_bridge.speech.text import normalize_text
-from tests.browser import MIC_LEAD_MS, launch_chromium, page_call, pull_capture, wait_until
+from livekit_omni.settings import Settings
+from tests.browser import launch_chromium, page_call, pull_capture, wait_until, write_fake_mic
 from tests.conftest import ServerProcess, start_server
-from tests.speech_fixtures import synthesize_speech, write_wav
+from tests.speech_fixtures import write_wav
 
 pytestmark = pytest.mark.slow
 
 API_KEY = "sk-browser-test"
-MIC_RATE = 48_000
+#: aiortc ends a call whose peer stopped answering consent checks after about this long.
+ICE_CONSENT_EXPIRY_S = 30
 #: Received audio above this is model speech (the server sends digital silence between replies); as in the page.
 REMOTE_SPEECH_DB = -50.0
 #: The fake mic is digital silence around Piper speech, so any clear level is speech.
@@ -71,8 +73,8 @@ def server() -> Iterator[ServerProcess]:
 def idle_server(server: ServerProcess) -> ServerProcess:
     """The server once its single session slot is free (a previous test's call may still be closing; after a
     failed test that quit the browser without hanging up, the server only notices when ICE consent expires, about
-    30 s, and then keeps the detached session for its resume grace, 30 s by default)."""
-    deadline = time.monotonic() + 90
+    30 s, and then keeps the detached session for its resume grace)."""
+    deadline = time.monotonic() + ICE_CONSENT_EXPIRY_S + Settings.model_fields["resume_grace_s"].default + 30
     while (active := server.health()[1]["engine"].get("active_sessions", 0)) != 0:
         assert time.monotonic() < deadline, f"the previous call still holds {active} session(s)"
         time.sleep(0.2)
@@ -215,13 +217,6 @@ class Timeline:
         return bool(np.any(levels[i0:i1] > threshold))
 
 
-def fake_mic(path: Path, text: str, lead_ms: int) -> None:
-    """Write the fake microphone's file: ``text`` spoken by Piper (48 kHz mono) after ``lead_ms`` of silence,
-    then 10 s of silence."""
-    clip = synthesize_speech(text, rate=MIC_RATE, lead_silence_ms=lead_ms, tail_silence_ms=10_000)
-    write_wav(path, clip, MIC_RATE)
-
-
 # --- tests ------------------------------------------------------------------------------------------------------
 
 
@@ -229,7 +224,7 @@ def test_spoken_question_is_answered_in_the_browser(
     idle_server: ServerProcess, output_dir: Path, asr: WhisperTranscriber
 ) -> None:
     wav = output_dir / "fake-mic.wav"
-    fake_mic(wav, "What is the capital of France?", MIC_LEAD_MS)
+    write_fake_mic(wav, "What is the capital of France?")
     with launch_chromium(output_dir, fake_mic_wav=wav) as driver:
         open_page(driver, idle_server)
         assert connect(driver)["mic"]["echoCancellation"] is False, "?aec=0 turns audio processing off"
@@ -322,7 +317,7 @@ def _talk_over_the_answer(driver: WebDriver, wav: Path, *, timeout: float) -> fl
             run_s = (loud[-1] - loud[breaks[-1] + 1 if len(breaks) else 0] + 1) * dt
             if run_s >= 0.3 and (len(breaks) > 0 or run_s >= 1.5):
                 # The lead-in covers getUserMedia → replaceTrack: no word is cut before the new track is sent.
-                fake_mic(wav, INTERRUPTION, 300)
+                write_fake_mic(wav, INTERRUPTION, 300)
                 return float(page_call(driver, "reopenMicrophone"))
         time.sleep(0.05)
     raise TimeoutError(f"the model did not get into its answer within {timeout} s")
@@ -334,7 +329,7 @@ def _barge_in_attempt(
     """One call: the caller asks for a story, then talks over the answer. Returns the page's report, its level
     timelines and the page clock when the interruption was started."""
     wav = out / "fake-mic.wav"
-    fake_mic(wav, "Tell me a long story about a dragon.", MIC_LEAD_MS)
+    write_fake_mic(wav, "Tell me a long story about a dragon.")
     with launch_chromium(out / f"attempt-{attempt}", fake_mic_wav=wav) as driver:
         open_page(driver, server)
         connect(driver)
@@ -467,7 +462,7 @@ def test_full_server_is_explained_and_the_key_is_remembered(
     idle_server: ServerProcess, output_dir: Path
 ) -> None:
     wav = output_dir / "fake-mic.wav"
-    fake_mic(wav, "Hello.", 1500)
+    write_fake_mic(wav, "Hello.", 1500)
     with launch_chromium(output_dir, fake_mic_wav=wav) as driver:
         # Without ?aec=0: echo cancellation, noise suppression and auto gain are on by default.
         load_page(driver, idle_server, "test=1")

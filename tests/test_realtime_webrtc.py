@@ -29,10 +29,10 @@ from selenium.webdriver.common.by import By
 
 from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from media.webrtc import enable_loopback_ice
-from tests.browser import MIC_LEAD_MS, launch_chromium, wait_until
+from tests.browser import launch_chromium, wait_until, write_fake_mic
 from tests.conftest import ServerProcess, start_server
 from tests.realtime_checks import ServerEventLog
-from tests.speech_fixtures import synthesize_speech, write_wav
+from tests.speech_fixtures import synthesize_speech
 
 API_KEY = "sk-test"
 QUESTION = "What is the capital of France?"
@@ -434,18 +434,12 @@ def _loud_s(levels: list[list[float]], t_from: float, t_to: float, db: float = -
     return sum(0.02 for t, level in levels if t_from <= t < t_to and level > db)
 
 
-def _mic_wav(path: Path, text: str, lead_ms: int) -> None:
-    write_wav(
-        path, synthesize_speech(text, rate=48000, lead_silence_ms=lead_ms, tail_silence_ms=10_000), 48000
-    )
-
-
 @pytest.mark.slow
 def test_browser_page_hears_an_answer(cascade_calls_server: ServerProcess, output_dir: Path) -> None:
     """The page's standard pattern (client secret, getUserMedia, RTCPeerConnection, SDP to /v1/realtime/calls,
     oai-events) with a fake microphone asking a question: the answer arrives as events and is heard."""
     wav = output_dir / "fake-mic.wav"
-    _mic_wav(wav, QUESTION, MIC_LEAD_MS)
+    write_fake_mic(wav, QUESTION)
     with launch_chromium(output_dir, fake_mic_wav=wav) as driver:
         _open_realtime_page(driver, cascade_calls_server)
         _, done = _page_event(driver, lambda e: e["type"] == "response.done", 90, "the answer")
@@ -485,7 +479,7 @@ def test_browser_page_barge_in_stops_the_answer(
     """Talking over a long answer (the fake mic re-opened with the interruption): the answer is cancelled
     (``turn_detected``), ``output_audio_buffer.cleared`` follows, and the page hears no more of it."""
     wav = output_dir / "fake-mic.wav"
-    _mic_wav(wav, "Tell me a long story about a dragon and a knight.", MIC_LEAD_MS)
+    write_fake_mic(wav, "Tell me a long story about a dragon and a knight.")
     with launch_chromium(output_dir, fake_mic_wav=wav) as driver:
         _open_realtime_page(driver, cascade_calls_server)
         _, first = _page_event(driver, lambda e: e["type"] == "output_audio_buffer.started", 90, "the answer")
@@ -494,7 +488,7 @@ def test_browser_page_barge_in_stops_the_answer(
         assert not any(e["type"] == "response.done" for _, e in _page_events(driver)), (
             "the answer ended too soon"
         )
-        _mic_wav(wav, "Hold on, what is the capital of Italy?", 300)
+        write_fake_mic(wav, "Hold on, what is the capital of Italy?", 300)
         driver.execute_script("return window.realtimeDemo.reopenMicrophone()")
         _, done = _page_event(
             driver, lambda e: e["type"] == "response.done" and e["response"]["id"] == rid, 30, "the cut"
