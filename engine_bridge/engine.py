@@ -283,28 +283,23 @@ class Engine:
                         message="max_output_tokens is 0 (the session's limit) or more",
                     )
                 session.post(TextAppend(cmd.kind, cmd.text, at, cmd.max_output_tokens))
-                self._wake.set()
                 return p.Reply(req_id=cmd.req_id, result=p.TextAppended(start_ms=at, end_ms=at))
             case p.SetMute():
                 session.muted = cmd.muted
                 session.post(MuteChange(cmd.muted))
-                self._wake.set()  # like every other message posted here: an adapter may poll rarely
                 return p.Reply(req_id=cmd.req_id, result=p.MuteSet(muted=cmd.muted))
             case p.Interrupt():
                 epoch = session.bump_epoch()
                 session.post(InterruptRequest(epoch))
-                self._wake.set()
                 return p.Reply(req_id=cmd.req_id, result=p.Interrupted(epoch=epoch))
             case p.TruncateReply():
                 session.post(TruncateRequest(cmd.turn_id, cmd.text))
-                self._wake.set()
                 return p.Reply(req_id=cmd.req_id)
             case p.UpdateSession():
                 problem = _check_settings(cmd.temperature, cmd.max_output_tokens)
                 if problem:
                     return p.ErrorReply(req_id=cmd.req_id, code=p.ErrorCode.INVALID_REQUEST, message=problem)
-                session.apply_update(cmd)
-                self._wake.set()
+                session.apply_update(cmd)  # posts SettingsChange (wakes the scheduler)
                 return p.Reply(req_id=cmd.req_id)
             case p.Touch():
                 return p.Reply(req_id=cmd.req_id)
@@ -337,6 +332,7 @@ class Engine:
             cmd.session_id, rings, cmd.config, self._emitter(conn), owner_id=conn.id, idle_ttl_s=ttl
         )
         session.on_output = self._wake_audio
+        session.on_post = self._wake.set
         try:
             self.manager.admit(session)
         except AdmissionError as e:
@@ -344,7 +340,6 @@ class Engine:
             return p.ErrorReply(req_id=cmd.req_id, code=e.code, message=str(e))
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         session.post(_Open(session, done))
-        self._wake.set()
         try:
             await asyncio.wrap_future(done)
         except SessionRefused as e:
@@ -438,7 +433,6 @@ class Engine:
         session.set_state(p.SessionState.CLOSING)
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         session.post(_Close(session, reason, done))
-        self._wake.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.wrap_future(done), 10.0)
 

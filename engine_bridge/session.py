@@ -143,6 +143,9 @@ class DuplexSession:
         #: Called (from whichever thread queued it) when reply audio lands in the outbox, so the engine's audio
         #: thread moves it into egress now rather than at its next fallback wake-up.
         self.on_output: Callable[[], None] | None = None
+        #: Called after every :meth:`post` (from whichever thread posted), so the scheduler thread handles the
+        #: message now rather than at its next idle poll, however long an adapter makes that poll.
+        self.on_post: Callable[[], None] | None = None
 
     # --- timeline -------------------------------------------------------------------------------------------
     @property
@@ -163,8 +166,10 @@ class DuplexSession:
             self.emit(p.StateChanged(session_id=self.id, state=state, at_ms=self.input_ms))
 
     def post(self, msg: Any) -> None:
-        """Queue a message for the scheduler thread (the session's single owner)."""
+        """Queue a message for the scheduler thread (the session's single owner) and wake it."""
         self.mailbox.put(msg)
+        if self.on_post is not None:
+            self.on_post()
 
     def apply_update(self, cmd: p.UpdateSession) -> None:
         """``UpdateSession``: the configuration takes the update's set fields (a new struct, so a reader on another

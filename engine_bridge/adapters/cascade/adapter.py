@@ -127,8 +127,8 @@ class CascadeAdapter(ModelAdapter):
         self.asr, self.tts, self.thinker = asr, tts, thinker
         self.machine = TurnMachine(
             thinker,
-            AsrWorker(asr, self._notify, given.asr_executor if given else None),
-            TtsWorker(tts, self._notify, given.tts_executor if given else None),
+            AsrWorker(asr, given.asr_executor if given else None),
+            TtsWorker(tts, given.tts_executor if given else None),
             first_clause_words=self.settings.turn_taking.first_clause_words,
             context_limit=self.settings.thinker.max_model_len,
             examples=self._examples,
@@ -272,11 +272,8 @@ class CascadeAdapter(ModelAdapter):
         st = cascade_state(session)
         if st is None:
             return
-        posted = watch_audio(session, st, pcm)
-        for msg in posted:
+        for msg in watch_audio(session, st, pcm):
             session.post(msg)
-        if posted:
-            self._notify()
 
     # --- scheduler thread ------------------------------------------------------------------------------------
     def handle(self, session: DuplexSession, msg: Any) -> None:

@@ -12,7 +12,6 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -25,15 +24,10 @@ from engine_bridge.speech.tts import Synthesizer
 
 log = logging.getLogger(__name__)
 
-Notify = Callable[[], None]
-
 
 class AsrWorker:
-    def __init__(
-        self, asr: Transcriber, notify: Notify, executor: concurrent.futures.Executor | None = None
-    ) -> None:
+    def __init__(self, asr: Transcriber, executor: concurrent.futures.Executor | None = None) -> None:
         self.asr = asr
-        self._notify = notify
         self._pool = executor or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine-asr")
         self._jobs = itertools.count(1)
         self._jobs_lock = threading.Lock()
@@ -53,18 +47,14 @@ class AsrWorker:
             except Exception:
                 log.exception("session %s: ASR failed", session.id)
                 tr = Transcript(text="")
-            session.post(AsrDone(job, tr, (time.monotonic() - t0) * 1000))
-            self._notify()
+            session.post(AsrDone(job, tr, (time.monotonic() - t0) * 1000))  # wakes the scheduler
 
         self._pool.submit(run)
 
 
 class TtsWorker:
-    def __init__(
-        self, tts: Synthesizer, notify: Notify, executor: concurrent.futures.Executor | None = None
-    ) -> None:
+    def __init__(self, tts: Synthesizer, executor: concurrent.futures.Executor | None = None) -> None:
         self.tts = tts
-        self._notify = notify
         self._pool = executor or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine-tts")
 
     @property
@@ -83,8 +73,7 @@ class TtsWorker:
             except Exception:
                 log.exception("session %s: TTS failed for %r", session.id, text)
             finally:
-                session.post(TtsDone(reply.turn_id, reply.epoch))
-                self._notify()
+                session.post(TtsDone(reply.turn_id, reply.epoch))  # wakes the scheduler
 
         self._pool.submit(run)
 

@@ -124,8 +124,9 @@ class OmniSessionState(AdapterState):
 
 class OmniBridgeAdapter(ModelAdapter):
     name = "omni_bridge"
-    #: ``step`` never works (the sidecar runs the model) and every mailbox message comes with a wake, so the
-    #: scheduler's idle poll is only a safety net: at 5 ms it was a fifth of the engine's CPU at 16 sessions.
+    #: ``step`` never works (the sidecar runs the model) and every mailbox message wakes the scheduler
+    #: (``DuplexSession.post``), so its idle poll is only a safety net: at 5 ms it was a fifth of the engine's CPU
+    #: at 16 sessions.
     scheduler_idle_s = 0.25
 
     def __init__(self, settings: EngineSettings) -> None:
