@@ -18,6 +18,25 @@ from pydantic import BaseModel, Field
 ADAPTER_NAME_PATTERN: Final = r"[a-z][a-z0-9_]*"
 
 
+#: Acknowledgements that do not take the turn, as the backchannel check matches them (lower case; a hyphenated one
+#: also matches its parts, as whisper writes "mm-hm" or "mm hm").
+DEFAULT_BACKCHANNEL_WORDS: Final = (
+    "mm-hm",
+    "mhm",
+    "hmm",
+    "uh-huh",
+    "um",
+    "yeah",
+    "yep",
+    "yup",
+    "yes",
+    "right",
+    "okay",
+    "ok",
+    "sure",
+)
+
+
 def default_socket_path() -> str:
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
     return str(Path(base) / f"livekit-omni-{os.getuid()}" / "engine.sock")
@@ -42,10 +61,18 @@ class TurnTakingSettings(BaseModel):
     #: Caller sound over model speech lowers the model's output by this much within one frame, until the barge-in
     #: decides (the epoch flush) or the sound ends as a backchannel (the level comes back). 0: no duck.
     duck_db: float = Field(40.0, ge=0.0, le=96.0)
-    #: Consecutive speech frames heard before the duck (shorter sounds, clicks, leave the model's level alone).
-    duck_onset_ms: int = Field(40, ge=20, le=1000)
-    #: Silence after which a duck that led to no barge-in is lifted.
+    #: Consecutive speech frames heard before the duck. 20: the first frame of either VAD (WebRTC's 20 ms,
+    #: Silero's 32 ms); a click that ducks is lifted ``duck_release_ms`` later.
+    duck_onset_ms: int = Field(20, ge=20, le=1000)
+    #: Silence after which a duck that led to no barge-in is lifted (speech under ``barge_in_min_ms``).
     duck_release_ms: int = Field(160, ge=20, le=3000)
+    #: While ducked, caller speech past ``barge_in_min_ms`` flushes only when confirmed: at its first pause of
+    #: ``backchannel_pause_ms`` whisper hears its words, and only ``backchannel_words`` (or no words: a cough)
+    #: restore the level and keep the answer; speech this long flushes without the check (Piper's "Mm-hm." is
+    #: voiced 760 ms). 0: no check, the barge-in minimum alone decides (as with ``duck_db`` 0).
+    backchannel_max_ms: int = Field(1000, ge=0, le=10_000)
+    backchannel_pause_ms: int = Field(120, ge=20, le=2000)
+    backchannel_words: list[str] = Field(default_factory=lambda: list(DEFAULT_BACKCHANNEL_WORDS))
     #: Silence after which the transcript and the reply are prepared speculatively, before the endpoint.
     speculative_ms: int = Field(120, ge=0, le=5000)
     #: The first clause of a reply is voiced once it has this many words, even before punctuation (0: off).

@@ -27,10 +27,23 @@ import pytest
 
 from engine_bridge import protocol as p
 from engine_bridge.adapters.cascade import CascadeAdapter, CascadeModels
-from engine_bridge.adapters.cascade.messages import BargeInHeard, Endpoint, Resumed, Speculate, VadStart
+from engine_bridge.adapters.cascade.messages import (
+    BargeInHeard,
+    Endpoint,
+    OverlapCheck,
+    Resumed,
+    Speculate,
+    VadStart,
+)
 from engine_bridge.adapters.cascade.reply import Cut, Reply
-from engine_bridge.adapters.cascade.turns import SPEAK_NOW_PROMPT, CascadeSessionState, cascade_state
-from engine_bridge.config import EngineSettings
+from engine_bridge.adapters.cascade.turns import (
+    BACKCHANNEL_PROMPT,
+    SPEAK_NOW_PROMPT,
+    BackchannelPolicy,
+    CascadeSessionState,
+    cascade_state,
+)
+from engine_bridge.config import DEFAULT_BACKCHANNEL_WORDS, EngineSettings
 from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE, INPUT_FRAME_SAMPLES
 from engine_bridge.reply import NO_REPLY, TRANSITIONS, IllegalTransition, ReplyPhase
 from engine_bridge.ring import RingPair
@@ -61,8 +74,13 @@ class ScriptedTranscriber(Transcriber):
     def __init__(self, texts: list[str]) -> None:
         super().__init__()
         self.texts = list(texts)
+        #: (prompt, word_times) of every call, in order.
+        self.calls: list[tuple[str | None, bool]] = []
 
-    def _run(self, pcm: npt.NDArray[np.int16]) -> tuple[str, tuple[Word, ...], bool]:
+    def _run(
+        self, pcm: npt.NDArray[np.int16], *, prompt: str | None = None, word_times: bool = True
+    ) -> tuple[str, tuple[Word, ...], bool]:
+        self.calls.append((prompt, word_times))
         return (self.texts.pop(0) if self.texts else ""), (), False
 
 
@@ -271,7 +289,12 @@ def make_call(tiny: LoadedModel) -> Iterator[Callable[..., Call]]:
     made: list[Call] = []
     ids = itertools.count()
 
-    def make(asr_texts: list[str] | None = None, **session_overrides: Any) -> Call:
+    def make(
+        asr_texts: list[str] | None = None,
+        *,
+        engine_turn_taking: dict[str, Any] | None = None,
+        **session_overrides: Any,
+    ) -> Call:
         thinker = TorchThinker(
             TorchThinkerConfig(
                 model="tiny-random", dtype="float32", decoding=DecodingSettings(max_tokens=REPLY_TOKENS)
@@ -282,7 +305,13 @@ def make_call(tiny: LoadedModel) -> Iterator[Callable[..., Call]]:
         models = CascadeModels(
             ScriptedTranscriber(asr_texts or []), ScriptedSynthesizer(), thinker, asr_jobs, tts_jobs
         )
-        settings = EngineSettings.model_validate({"adapter": "cascade", "thinker": {"model": "tiny-random"}})
+        settings = EngineSettings.model_validate(
+            {
+                "adapter": "cascade",
+                "thinker": {"model": "tiny-random"},
+                "turn_taking": engine_turn_taking or {},
+            }
+        )
         adapter = CascadeAdapter(settings, models)
         adapter.load()
         rings = RingPair.create(input_rate=ENGINE_INPUT_RATE, output_rate=ENGINE_OUTPUT_RATE)
@@ -557,13 +586,15 @@ def test_backchannel_over_model_speech_does_not_cancel(make_call: Callable[..., 
 def test_long_speech_over_the_model_barges_in_fence_first(make_call: Callable[..., Call]) -> None:
     call = make_call(["stop"])
     r = _model_speaking(call)
-    call.feed(np.concatenate([silence(300), caller_audio(1000)]))
+    call.feed(np.concatenate([silence(300), caller_audio(1200)]))
     posted = call.take_posted()
     kinds = [type(m) for m in posted]
-    assert kinds[:2] == [VadStart, BargeInHeard], "no speculation while it might be a backchannel"
+    assert kinds[:2] == [VadStart, BargeInHeard], "no speculation or check while it might be a backchannel"
     assert Endpoint not in kinds
     bump = posted[1]
     assert isinstance(bump, BargeInHeard)
+    # No pause for a word check: it flushes once it is longer than any backchannel.
+    assert bump.at_ms >= 300 + call.adapter.settings.turn_taking.backchannel_max_ms
     assert call.session.rings.egress.epoch == bump.epoch > r.epoch, "the ring's fence was up before the post"
     call.handle(posted)
     assert r.phase is ReplyPhase.INTERRUPTED and call.of(p.BargeIn)[0].turn_id == r.turn_id
@@ -730,8 +761,9 @@ def test_caller_sound_over_the_model_ducks_it_at_once_and_a_backchannel_restores
     seen = _feed_watching_gain(call, np.concatenate([silence(300), caller_audio(80), silence(700)]))
     ducked = [t for t, g, _ in seen if g <= duck_gain + 1e-4]
     assert ducked, seen
-    # Ducked within a frame of the onset minimum (the sound starts at 300 ms), long before any barge-in could.
-    assert ducked[0] <= 300 + tt.duck_onset_ms + 20 < 300 + tt.barge_in_min_ms
+    # Ducked at the first 20 ms VAD frame of the sound (it starts at 300 ms), long before any barge-in could.
+    assert tt.duck_onset_ms <= 20
+    assert ducked[0] == 320 < 300 + tt.barge_in_min_ms
     # The level comes back after the release silence from the VAD's last speech frame, before the turn's
     # endpoint (``silence_ms`` of silence) ...
     (endpoint,) = [m for m in call.take_posted() if isinstance(m, Endpoint)]
@@ -749,10 +781,10 @@ def test_a_barge_in_lifts_the_duck_only_after_the_epoch_flush(make_call: Callabl
     call = make_call(["stop"])
     r = _model_speaking(call)
     tt = call.adapter.settings.turn_taking
-    seen = _feed_watching_gain(call, np.concatenate([silence(300), caller_audio(1000)]))
+    seen = _feed_watching_gain(call, np.concatenate([silence(300), caller_audio(1200)]))
     first_duck = next(t for t, g, _ in seen if g < 1.0)
     bump = next(t for t, _, e in seen if e > r.epoch)
-    assert first_duck <= 300 + tt.duck_onset_ms + 20 and bump >= 300 + tt.barge_in_min_ms
+    assert first_duck == 320 and bump >= 300 + tt.backchannel_max_ms
     # Ducked from the first frames to the flush; never full level with the old epoch after the duck began.
     assert all(g < 1.0 for t, g, e in seen if first_duck <= t < bump)
     assert not [t for t, g, e in seen if t >= first_duck and g == 1.0 and e == r.epoch]
@@ -765,6 +797,174 @@ def test_caller_speech_while_the_model_is_silent_ducks_nothing(make_call: Callab
     seen = _feed_watching_gain(call, np.concatenate([silence(300), caller_audio(600), silence(200)]))
     assert all(g == 1.0 for _, g, _ in seen)
     assert "ducks" not in call.session.stats.extra
+
+
+def _over_model_until_check(call: Call, voice_ms: int = 400) -> tuple[Reply, OverlapCheck, list[object]]:
+    """The model speaks; the caller says something short but past the barge-in minimum and pauses: the audio
+    thread posts the backchannel check (handled: its ASR job is queued, not run). Returns the reply, the check
+    and everything posted."""
+    r = _model_speaking(call)
+    # WebRTC's hangover keeps ~120 ms after the voice as speech; then the pause (120 ms) posts the check.
+    call.feed(np.concatenate([silence(300), caller_audio(voice_ms), silence(300)]))
+    posted = call.take_posted()
+    assert [type(m) for m in posted] == [VadStart, OverlapCheck], "neither a flush nor a speculation yet"
+    check = posted[1]
+    assert isinstance(check, OverlapCheck)
+    call.handle(posted)
+    return r, check, posted
+
+
+def test_a_backchannel_word_restores_the_level_and_keeps_the_answer(make_call: Callable[..., Call]) -> None:
+    call = make_call(["Mm-hm. Mm-hm. M"])  # whisper's repeat, cut by its token bound
+    epoch = call.session.epoch
+    eg = call.session.rings.egress
+    r, check, _ = _over_model_until_check(call)
+    assert eg.gain < 1.0, "ducked while the check decides, past the release silence"
+    assert check.end_ms < call.st.detector.position_ms and eg.epoch == epoch
+    call.asr()
+    assert call.asr_jobs.jobs == [] and call.adapter.asr is not None
+    transcriber = call.adapter.asr
+    assert isinstance(transcriber, ScriptedTranscriber)
+    assert transcriber.calls == [(BACKCHANNEL_PROMPT, False)], "told to expect backchannels; no word times"
+    assert eg.gain == 1.0 and eg.epoch == call.session.epoch == epoch, "the level is back, nothing flushed"
+    call.feed(silence(600))
+    posted = call.take_posted()
+    assert [type(m) for m in posted] == [Endpoint]
+    end = posted[0]
+    assert isinstance(end, Endpoint) and end.backchannel and not end.undecided
+    call.handle(posted)
+    extra = call.session.stats.extra
+    assert extra["backchannels"] == extra["backchannel_checks"] == 1 and extra["duck_releases"] == 1
+    assert call.session.stats.ignored_short_speech == 1 and call.reply is r
+    done = call.finish()
+    assert done.turn_id == r.turn_id and not done.interrupted and not call.of(p.BargeIn)
+
+
+def test_a_short_real_interruption_flushes_at_the_check_and_is_answered(
+    make_call: Callable[..., Call],
+) -> None:
+    call = make_call(["Wait.", "wait"])
+    eg = call.session.rings.egress
+    r, check, _ = _over_model_until_check(call)
+    assert call.published() is ReplyPhase.GENERATING and eg.epoch == r.epoch
+    call.asr()
+    assert r.phase is ReplyPhase.INTERRUPTED and eg.epoch > r.epoch and eg.gain == 1.0
+    (barge,) = call.of(p.BargeIn)
+    assert barge.turn_id == r.turn_id and barge.at_ms == check.end_ms
+    # The caller's turn goes on as any barging turn: speculated (no backchannel prompt), endpointed, answered.
+    call.feed(silence(600))
+    posted = call.take_posted()
+    assert [type(m) for m in posted] == [Speculate, Endpoint]
+    end = posted[1]
+    assert isinstance(end, Endpoint) and not end.backchannel and not end.undecided
+    call.handle(posted)
+    call.asr()
+    assert [e.text for e in call.of(p.InputTranscript)] == ["wait"]
+    assert call.reply.phase is ReplyPhase.GENERATING and call.reply.turn_id > r.turn_id
+    assert call.session.stats.ignored_short_speech == 0
+
+
+@pytest.mark.parametrize(("heard", "interrupts"), [("Stop.", True), ("Yeah.", False)])
+def test_an_endpoint_before_the_verdict_waits_for_it(
+    make_call: Callable[..., Call], heard: str, interrupts: bool
+) -> None:
+    call = make_call([heard, "stop"])
+    r, _, _ = _over_model_until_check(call)
+    call.feed(silence(400))  # the endpoint, while the check's ASR is still out
+    posted = call.take_posted()
+    assert [type(m) for m in posted] == [Endpoint]
+    end = posted[0]
+    assert isinstance(end, Endpoint) and end.undecided and not end.backchannel
+    call.handle(posted)
+    assert not call.of(p.SpeechStopped), "held until the verdict"
+    assert call.published() is ReplyPhase.GENERATING and call.session.rings.egress.gain < 1.0
+    call.asr()
+    assert call.of(p.SpeechStopped) and call.session.rings.egress.gain == 1.0
+    if interrupts:
+        assert r.phase is ReplyPhase.INTERRUPTED and call.of(p.BargeIn)
+        call.asr()  # the turn's own transcript, at its endpoint
+        assert [e.text for e in call.of(p.InputTranscript)] == ["stop"]
+        assert call.reply.phase is ReplyPhase.GENERATING and call.reply.turn_id > r.turn_id
+    else:
+        assert call.reply is r and not call.of(p.BargeIn) and call.session.stats.ignored_short_speech == 1
+        assert not call.finish().interrupted
+
+
+def test_speech_after_a_backchannel_ducks_again_and_is_checked_whole(make_call: Callable[..., Call]) -> None:
+    call = make_call(["Yeah.", "Yeah, but why?"])
+    eg = call.session.rings.egress
+    r, _, _ = _over_model_until_check(call, voice_ms=300)
+    call.asr()
+    assert eg.gain == 1.0 and call.published() is ReplyPhase.GENERATING
+    seen = _feed_watching_gain(call, caller_audio(300))  # "... but why?"
+    assert seen[0][1] < 1.0, "ducked again at the first frame"
+    call.feed(silence(300))
+    posted = call.take_posted()
+    assert [type(m) for m in posted] == [OverlapCheck]
+    second = posted[0]
+    assert isinstance(second, OverlapCheck) and second.start_ms == 300, "the same turn, from its start"
+    call.handle(posted)
+    call.asr()
+    assert r.phase is ReplyPhase.INTERRUPTED and call.of(p.BargeIn)
+
+
+def test_what_played_under_the_duck_is_not_kept_as_heard(make_call: Callable[..., Call]) -> None:
+    call = make_call(["Stop."])
+    r = _model_speaking(call)
+    for _ in range(50):
+        call.step()
+        call.tts()
+        if call.play():
+            break
+    heard = call.played
+    assert heard > 0
+    call.feed(np.concatenate([silence(300), caller_audio(400)]))  # ducked from its first frame
+    for _ in range(20):  # the answer goes on under the duck (one more clause)
+        call.step()
+        call.tts()
+        if call.play():
+            break
+    assert call.played > heard and call.st.reply is r
+    call.feed(silence(300))
+    call.drain()
+    call.asr()
+    (barge,) = call.of(p.BargeIn)
+    assert barge.turn_id == r.turn_id and barge.played_samples == heard
+
+
+@pytest.mark.parametrize("settings", [{"duck_db": 0}, {"backchannel_max_ms": 0}])
+def test_without_the_duck_or_the_check_the_barge_in_minimum_alone_flushes(
+    make_call: Callable[..., Call], settings: dict[str, Any]
+) -> None:
+    call = make_call(["Mm-hm."], engine_turn_taking=settings)
+    r = _model_speaking(call)
+    tt = call.adapter.settings.turn_taking
+    call.feed(np.concatenate([silence(300), caller_audio(400), silence(200)]))
+    posted = call.take_posted()
+    assert [type(m) for m in posted][:2] == [VadStart, BargeInHeard] and OverlapCheck not in map(type, posted)
+    bump = posted[1]
+    assert isinstance(bump, BargeInHeard) and bump.at_ms == 300 + tt.barge_in_min_ms
+    call.handle(posted)
+    assert r.phase is ReplyPhase.INTERRUPTED
+
+
+def test_backchannel_words() -> None:
+    policy = BackchannelPolicy.from_words(DEFAULT_BACKCHANNEL_WORDS, 1000, 120)
+    for text in [
+        "Mm-hm.",
+        "mm hm",
+        "Uh-huh. Uh-huh. Uh-huh",
+        "Yeah.",
+        "Right. Right. Ri",
+        "Okay.",
+        "",
+        " . . ",
+    ]:
+        assert policy.is_backchannel(text), text
+    for text in ["Wait.", "Stop.", "No.", "Hold on.", "Yeah, but why?", "M-no.", "And then make some."]:
+        assert not policy.is_backchannel(text), text
+    assert not BackchannelPolicy.from_words([], 1000, 120).is_backchannel("Yeah.")
+    assert BackchannelPolicy.from_words([], 1000, 120).is_backchannel(""), "a sound with no words (a cough)"
 
 
 # ------------------------------------------------------------------------------------------- UpdateSession

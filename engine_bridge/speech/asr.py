@@ -124,15 +124,21 @@ class Transcriber(ABC):
     def __init__(self) -> None:
         self._lock = threading.Lock()
 
-    def transcribe(self, pcm16k: npt.NDArray[np.int16]) -> Transcript:
-        """Transcribe one utterance (int16 mono at 16 kHz). Silent or too-short audio gives an empty text."""
+    def transcribe(
+        self, pcm16k: npt.NDArray[np.int16], *, prompt: str | None = None, word_times: bool = True
+    ) -> Transcript:
+        """Transcribe one utterance (int16 mono at 16 kHz). Silent or too-short audio gives an empty text.
+
+        ``prompt``: text the model reads as what came before the audio, for this call only (whisper: its
+        ``initial_prompt``, which biases the words it expects; None: the transcriber's own). ``word_times=False``
+        skips measuring word times (a caller that needs only the words; the words are then spread evenly)."""
         pcm = _check_pcm(pcm16k)
         audio_ms = samples_to_ms(len(pcm), _RATE)
         if _is_silent(pcm):
             return Transcript(text="", audio_ms=audio_ms)
         with self._lock:
             t0 = time.perf_counter()
-            text, words, measured = self._run(pcm)
+            text, words, measured = self._run(pcm, prompt=prompt, word_times=word_times)
             elapsed = (time.perf_counter() - t0) * 1000.0
         return Transcript(
             text=text,
@@ -155,8 +161,11 @@ class Transcriber(ABC):
             self._run(noise)
 
     @abstractmethod
-    def _run(self, pcm: npt.NDArray[np.int16]) -> tuple[str, tuple[Word, ...], bool]:
-        """Decode non-silent audio; return (text, words, whether the word times were measured)."""
+    def _run(
+        self, pcm: npt.NDArray[np.int16], *, prompt: str | None = None, word_times: bool = True
+    ) -> tuple[str, tuple[Word, ...], bool]:
+        """Decode non-silent audio (see :meth:`transcribe` for ``prompt`` and ``word_times``); return (text, words,
+        whether the word times were measured)."""
 
 
 class WhisperTranscriber(Transcriber):
@@ -230,9 +239,12 @@ class WhisperTranscriber(Transcriber):
     def window_ms(self, samples: int) -> int:
         return self.window_frames(samples) * 10
 
-    def _run(self, pcm: npt.NDArray[np.int16]) -> tuple[str, tuple[Word, ...], bool]:
+    def _run(
+        self, pcm: npt.NDArray[np.int16], *, prompt: str | None = None, word_times: bool = True
+    ) -> tuple[str, tuple[Word, ...], bool]:
         audio = pcm.astype(np.float32) * np.float32(1.0 / 32768.0)
         seconds = len(pcm) / _RATE
+        word_timestamps = self._word_timestamps and word_times
         # Set under the transcriber's lock, read by the encoder while the segments below are iterated.
         self._model.encoder_frames = self.window_frames(len(pcm))
         segments, _info = self._model.transcribe(
@@ -242,9 +254,9 @@ class WhisperTranscriber(Transcriber):
             best_of=1,
             temperature=0.0,
             vad_filter=False,
-            word_timestamps=self._word_timestamps,
+            word_timestamps=word_timestamps,
             condition_on_previous_text=False,
-            initial_prompt=self.initial_prompt,
+            initial_prompt=self.initial_prompt if prompt is None else prompt,
             # Nobody says more than ~4 words (~6 tokens) a second; the bound stops a hallucinated repetition
             # loop on noise from decoding for seconds.
             max_new_tokens=min(_WHISPER_MAX_TOKENS, int(16 + 8 * seconds)),
@@ -261,7 +273,7 @@ class WhisperTranscriber(Transcriber):
                 if normalize_text(w.word):
                     words.append(Word(w.word.strip(), round(w.start * 1000), round(w.end * 1000)))
         text = " ".join(texts)
-        if self._word_timestamps and words:
+        if word_timestamps and words:
             return text, tuple(words), True
         return text, _even_words(text, samples_to_ms(len(pcm), _RATE)), False
 
@@ -312,7 +324,10 @@ class PocketsphinxTranscriber(Transcriber):
         # loglevel FATAL: the decoder otherwise prints its whole configuration and every utterance to stderr.
         self._decoder: Decoder = Decoder(samprate=float(_RATE), loglevel="FATAL")
 
-    def _run(self, pcm: npt.NDArray[np.int16]) -> tuple[str, tuple[Word, ...], bool]:
+    def _run(
+        self, pcm: npt.NDArray[np.int16], *, prompt: str | None = None, word_times: bool = True
+    ) -> tuple[str, tuple[Word, ...], bool]:
+        # pocketsphinx takes no prompt and always segments words (its times cost nothing extra).
         d = self._decoder
         d.start_utt()
         d.process_raw(pcm.tobytes(), no_search=False, full_utt=True)

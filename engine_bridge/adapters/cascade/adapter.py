@@ -11,10 +11,12 @@ Where the time goes, and how the stages overlap (the plain sum of the stages is 
    before the user text (exact, the KV is cropped), held audio is dropped, and the longer turn is transcribed
    at its real endpoint.
 
-Barge-in: the audio thread bumps the epoch word in the egress ring header the moment the caller has spoken
-``barge_in_min_ms`` over model speech; the scheduler then aborts generation at its next step, TTS output of the
-old epoch is refused by the fence, and the thinker keeps only what was played (playout position reported by the
-media side in the ring header; until then, what was written to egress).
+Barge-in: at the first frame of caller speech over model speech the audio thread ducks the model's output (the
+egress ring's gain word); the epoch word is bumped once the interruption is confirmed: ``barge_in_min_ms`` of
+speech and, while ducked, a backchannel check (whisper hears only "mm-hm"/"yeah"-like words: the level comes back
+and the answer goes on; any other word flushes). The scheduler then aborts generation at its next step, TTS output
+of the old epoch is refused by the fence, and the thinker keeps only what was heard (playout position reported by
+the media side in the ring header, up to where the duck began; until then, what was written to egress).
 
 Threads: ``on_audio`` (audio thread) is cheap: VAD + fence. ASR and TTS run on one worker thread each (their
 libraries release the GIL), the thinker runs on the scheduler thread, which owns every session's conversation.
@@ -39,6 +41,7 @@ from engine_bridge import protocol as p
 from engine_bridge.adapters.base import AdapterCaps, ModelAdapter
 from engine_bridge.adapters.cascade.text import TEXT_SID_PREFIX, TextCompletions
 from engine_bridge.adapters.cascade.turns import (
+    BackchannelPolicy,
     CascadeSessionState,
     DuckPolicy,
     TurnMachine,
@@ -204,6 +207,9 @@ class CascadeAdapter(ModelAdapter):
             spec,
             auto_reply=auto_reply,
             duck=DuckPolicy.from_db(tt.duck_db, tt.duck_onset_ms, tt.duck_release_ms),
+            backchannel=BackchannelPolicy.from_words(
+                tt.backchannel_words, tt.backchannel_max_ms, tt.backchannel_pause_ms
+            ),
             temperature=session.config.temperature,
             max_output_tokens=session.config.max_output_tokens,
         )

@@ -21,6 +21,7 @@ import collections
 import dataclasses
 import enum
 import logging
+import threading
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ from engine_bridge.adapters.cascade.messages import (
     BargeInHeard,
     CascadeMessage,
     Endpoint,
+    HeardUntil,
+    OverlapCheck,
     Resumed,
     Speculate,
     TtsDone,
@@ -63,9 +66,9 @@ from engine_bridge.session import (
     TruncateRequest,
 )
 from engine_bridge.speech.asr import Transcript
-from engine_bridge.speech.text import clean_for_tts
+from engine_bridge.speech.text import clean_for_tts, normalize_text, text_words
 from engine_bridge.speech.tts import OutputResampler, Synthesizer
-from engine_bridge.speech.vad import SpeechStarted, TurnDetector
+from engine_bridge.speech.vad import SpeechStarted, TurnDetector, TurnEvent
 from engine_bridge.thinker.base import DecodingSettings, Message, StepOutput, ThinkerBackend
 from engine_bridge.thinker.base import Role as ThinkerRole
 from engine_bridge.thinker.turns import reinstruct
@@ -92,9 +95,13 @@ class Overlap(enum.Enum):
 
     #: The turn began while the model was silent.
     CLEAR = "clear"
-    #: The turn began over model speech and is still under the barge-in minimum: a backchannel so far. It
-    #: neither speculates nor, if it ends like this, interrupts.
+    #: The turn began over model speech and is undecided: under the barge-in minimum (a backchannel so far), or
+    #: past it with the reply ducked while the backchannel check decides. It neither speculates nor, if it ends
+    #: under the minimum, interrupts.
     OVER_MODEL = "over_model"
+    #: The backchannel check found only backchannel words ("mm-hm") so far: the level is back and the reply goes
+    #: on; more speech in the turn makes it undecided again.
+    BACKCHANNEL = "backchannel"
     #: The barge-in fired in this turn.
     BARGED = "barged"
 
@@ -102,11 +109,12 @@ class Overlap(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class DuckPolicy:
     """The barge-in duck: caller sound over model speech lowers the model's output (the egress ring's gain word,
-    applied by the media plane at its next frame) after ``onset_ms`` of speech frames, long before the barge-in
-    minimum decides; the barge-in then flushes, or ``release_ms`` of silence without one restores the level."""
+    applied by the media plane at its next frame) after ``onset_ms`` of speech frames (20: the first frame of
+    either VAD), long before anything is decided; the barge-in then flushes, or the sound turns out a backchannel
+    and the level comes back (``release_ms`` after it, or at the backchannel check's verdict)."""
 
     gain: float = 1.0  # 1.0: no duck
-    onset_ms: int = 40
+    onset_ms: int = 20
     release_ms: int = 160
 
     @classmethod
@@ -118,16 +126,65 @@ class DuckPolicy:
         return self.gain < 1.0
 
 
+#: Whisper's prompt for the backchannel check: told that such sounds come, tiny.en writes Piper's "Mm-hm." as
+#: "Mm-hm." instead of "And then make some.", and still hears "Wait.", "Stop.", "No." and "Hold on." as they are
+#: (measured on Piper clips, clean and through Opus; docs/architecture.md, The duck).
+BACKCHANNEL_PROMPT: Final = "Mm-hm. Uh-huh. Yeah. Right. Okay."
+
+
+@dataclass(frozen=True, slots=True)
+class BackchannelPolicy:
+    """When the reply is ducked, caller speech over it that passes the barge-in minimum flushes only once it is
+    confirmed: at its first pause of ``pause_ms`` its words are transcribed (whisper, :data:`BACKCHANNEL_PROMPT`)
+    and only backchannel ``words`` (or none: a cough) restore the level and keep the reply; any other word
+    flushes. Speech that goes on for ``max_ms`` flushes without a check (no backchannel lasts that long). Off
+    (``max_ms`` 0, or no duck): the barge-in minimum alone decides, as without the duck."""
+
+    max_ms: int = 1000
+    pause_ms: int = 120
+    words: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_words(cls, words: Sequence[str], max_ms: int, pause_ms: int) -> BackchannelPolicy:
+        parts = {w for phrase in words for w in [normalize_text(phrase), *text_words(phrase)] if w}
+        return cls(max_ms, pause_ms, frozenset(parts))
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_ms > 0
+
+    def is_backchannel(self, text: str) -> bool:
+        """True when ``text`` holds no word but backchannel words. Its last word may be cut short (the decoder's
+        token bound stops a repeated "Mm-hm. Mm-hm. M"): a prefix of a backchannel word counts."""
+        said = text_words(text)
+        if not said:
+            return True
+        *whole, last = said
+        return all(w in self.words for w in whole) and (
+            last in self.words or any(w.startswith(last) for w in self.words)
+        )
+
+
 @dataclass(slots=True)
 class CallerTurnWatch:
     """Audio-thread state of the caller's current turn."""
 
     overlap: Overlap = Overlap.CLEAR
+    #: Start of the current (or last) turn, and its speech so far (what it had when it ended).
+    turn_start_ms: int = 0
+    voiced_ms: int = 0
     #: End of the audio posted for speculative ASR in this turn, or None while no speculation is out.
     speculated_to_ms: int | None = None
+    #: End of the speech posted for the backchannel check, or None while none is out (or speech came after it).
+    checking_to_ms: int | None = None
     #: The model's output is ducked (see :class:`DuckPolicy`); the stream position of the last speech frame.
     ducked: bool = False
     voice_at_ms: int = 0
+    #: The egress playout report when the duck began: what the caller had heard of the reply at full level.
+    heard_at_duck: tuple[int, int, int] = (0, 0, 0)
+
+    def heard(self) -> HeardUntil:
+        return self.heard_at_duck if self.ducked else None
 
 
 class TurnPhase(enum.IntEnum):
@@ -160,6 +217,18 @@ class CallerTurn:
     @property
     def speculated(self) -> bool:
         return self.phase <= TurnPhase.KEPT
+
+
+@dataclass(slots=True)
+class PendingCheck:
+    """A backchannel check out at ASR (scheduler thread)."""
+
+    job: int
+    msg: OverlapCheck
+    #: The turn's endpoint when it came before the verdict (held until then).
+    endpoint: Endpoint | None = None
+    #: The verdict once it came: True for a backchannel.
+    backchannel: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +268,7 @@ class CascadeSessionState(AdapterState):
     #: False: caller turns join the conversation without a reply (the client asks for replies).
     auto_reply: bool = True
     duck: DuckPolicy = field(default_factory=DuckPolicy)
+    backchannel: BackchannelPolicy = field(default_factory=BackchannelPolicy)
     #: The session's reply decoding over the thinker's default: sampling temperature (None: the default's) and
     #: a token cap per reply (0: the default's ``max_tokens``). ``UpdateSession`` changes them.
     temperature: float | None = None
@@ -206,10 +276,15 @@ class CascadeSessionState(AdapterState):
     #: The session's voice: its synthesizer (None: the engine's default TTS) and name, for the next reply.
     tts: Synthesizer | None = None
     voice: str = ""
-    #: Audio thread only.
+    #: The audio thread's; the scheduler changes it only to apply a backchannel check's verdict, both under
+    #: ``overlap_lock`` (the verdict and the audio thread's own barge-in must not both flush, or restore a level
+    #: the other just lowered).
     watch: CallerTurnWatch = field(default_factory=CallerTurnWatch)
+    overlap_lock: threading.Lock = field(default_factory=threading.Lock)
     # --- scheduler thread only ---
     turn: CallerTurn | None = None
+    #: The latest backchannel check (out at ASR, or its verdict).
+    check: PendingCheck | None = None
     #: The reply being produced; never a finished one (it is dropped here as it finishes).
     reply: Reply | None = None
     pending: list[Pending] = field(default_factory=list)
@@ -235,62 +310,118 @@ def watch_audio(
 ) -> list[CascadeMessage]:
     """Feed caller audio to the turn detector; return the messages for the scheduler (already fenced)."""
     det = st.detector
+    events = det.push(pcm)  # the VAD's work stays outside the lock
+    with st.overlap_lock:
+        return _watch_locked(session, st, events)
+
+
+def _watch_locked(
+    session: DuplexSession, st: CascadeSessionState, events: list[TurnEvent]
+) -> list[CascadeMessage]:
+    det = st.detector
     w = st.watch
+    # The word check waits for confirmation only while the answer is ducked (inaudible); without the duck the
+    # barge-in minimum alone decides, or the model would talk over the caller until the check is done.
+    checks = st.backchannel.enabled and st.duck.enabled
     posted: list[CascadeMessage] = []
-    for ev in det.push(pcm):
+    for ev in events:
         if isinstance(ev, SpeechStarted):
-            w.speculated_to_ms = None
+            w.speculated_to_ms = w.checking_to_ms = None
+            w.turn_start_ms, w.voiced_ms = ev.start_ms, 0
             w.overlap = Overlap.OVER_MODEL if session.model_audible() else Overlap.CLEAR
             posted.append(VadStart(ev.start_ms, ev.at_ms))
-        else:
-            posted.append(Endpoint(ev, time.monotonic(), backchannel=w.overlap is Overlap.OVER_MODEL))
-            w.speculated_to_ms = None
+            continue
+        undecided = w.overlap is Overlap.OVER_MODEL and w.checking_to_ms is not None
+        if checks and not undecided and w.overlap is Overlap.OVER_MODEL and w.voiced_ms >= st.barge_in_min_ms:
+            # Past the minimum but never paused long enough for a check before the endpoint: check it whole.
+            w.checking_to_ms = ev.end_ms
+            posted.append(OverlapCheck(ev.audio, ev.start_ms, ev.end_ms, time.monotonic(), w.heard()))
+            undecided = True
+        backchannel = w.overlap in (Overlap.OVER_MODEL, Overlap.BACKCHANNEL) and not undecided
+        posted.append(Endpoint(ev, time.monotonic(), backchannel=backchannel, undecided=undecided))
+        w.speculated_to_ms = None
     if det.in_speech:
-        if w.speculated_to_ms is not None and det.silence_ms_so_far == 0:
+        w.voiced_ms = det.speech_ms
+        speaking = det.silence_ms_so_far == 0
+        if speaking and w.checking_to_ms is not None:
+            w.checking_to_ms = (
+                None  # more speech: the check no longer covers the turn (a flush it finds still holds)
+            )
+        if speaking and w.overlap is Overlap.BACKCHANNEL:
+            w.overlap = Overlap.OVER_MODEL  # "yeah, but ...": undecided again
+        if w.speculated_to_ms is not None and speaking:
             w.speculated_to_ms = None
             posted.append(Resumed(det.position_ms))
         elif (
             w.speculated_to_ms is None
             and st.speculative_ms > 0
             and det.silence_ms_so_far >= st.speculative_ms
-            and w.overlap is not Overlap.OVER_MODEL
+            and w.overlap in (Overlap.CLEAR, Overlap.BARGED)
         ):
             end = det.position_ms - det.silence_ms_so_far
             w.speculated_to_ms = end
             posted.append(Speculate(det.utterance(), det.turn_start_ms or 0, end, time.monotonic()))
-        if (
-            w.overlap is not Overlap.BARGED
-            and det.speech_ms >= st.barge_in_min_ms
-            and (w.overlap is Overlap.OVER_MODEL or session.model_audible())
-        ):
-            # The fence goes up *first*: the media plane drops queued stale audio at its next frame.
-            w.overlap = Overlap.BARGED
-            epoch = session.bump_epoch()
-            posted.append(BargeInHeard(epoch, det.position_ms, time.monotonic()))
+        if det.speech_ms >= st.barge_in_min_ms:
+            if w.overlap is Overlap.CLEAR:
+                barge = session.model_audible()  # the model began speaking over the caller's turn
+            elif w.overlap is Overlap.OVER_MODEL:
+                barge = not checks or det.speech_ms >= st.backchannel.max_ms
+                if (
+                    not barge
+                    and w.checking_to_ms is None
+                    and det.silence_ms_so_far >= st.backchannel.pause_ms
+                ):
+                    end = det.position_ms - det.silence_ms_so_far
+                    w.checking_to_ms = end
+                    posted.append(
+                        OverlapCheck(
+                            det.utterance(), det.turn_start_ms or 0, end, time.monotonic(), w.heard()
+                        )
+                    )
+            else:
+                barge = False
+            if barge:
+                # The fence goes up *first*: the media plane drops queued stale audio at its next frame.
+                w.overlap = Overlap.BARGED
+                w.checking_to_ms = None
+                heard = w.heard()
+                epoch = session.bump_epoch()
+                posted.append(BargeInHeard(epoch, det.position_ms, time.monotonic(), heard))
     if st.duck.enabled:
-        _duck(session, st.duck, det, w)
+        _duck(session, st, det, w)
     return posted
 
 
-def _duck(session: DuplexSession, policy: DuckPolicy, det: TurnDetector, w: CallerTurnWatch) -> None:
+def _duck(session: DuplexSession, st: CascadeSessionState, det: TurnDetector, w: CallerTurnWatch) -> None:
     """Lower the model's output at the first frames of caller sound over it; lift it after a barge-in (the epoch
-    is already bumped: the media plane reads the gain before the epoch) or after a silence that ended no turn."""
+    is already bumped: the media plane reads the gain before the epoch) or after a silence that ended no turn,
+    unless the backchannel check is deciding (its verdict restores the level or flushes)."""
+    policy = st.duck
     voiced_ms = det.run_ms or (det.speech_ms if det.silence_ms_so_far == 0 else 0)
     if voiced_ms:
         w.voice_at_ms = det.position_ms
     barged = det.in_speech and w.overlap is Overlap.BARGED  # this turn's barge-in (not the previous turn's)
+    deciding = w.overlap is Overlap.OVER_MODEL and (
+        w.checking_to_ms is not None or det.speech_ms >= st.barge_in_min_ms
+    )
     if w.ducked:
         if barged:
-            w.ducked = False
-            session.rings.egress.set_gain(1.0)
-        elif det.position_ms - w.voice_at_ms >= policy.release_ms:
-            w.ducked = False
-            session.rings.egress.set_gain(1.0)
-            session.stats.extra["duck_releases"] = session.stats.extra.get("duck_releases", 0) + 1
+            _lift(session, w)
+        elif not deciding and det.position_ms - w.voice_at_ms >= policy.release_ms:
+            _lift(session, w, released=True)
     elif voiced_ms >= policy.onset_ms and not barged and session.model_audible():
         w.ducked = True
+        w.heard_at_duck = session.rings.egress.playout()
         session.rings.egress.set_gain(policy.gain)
         session.stats.extra["ducks"] = session.stats.extra.get("ducks", 0) + 1
+
+
+def _lift(session: DuplexSession, w: CallerTurnWatch, *, released: bool = False) -> None:
+    """The reply's level back to unity; ``released``: the sound was a backchannel (counted)."""
+    w.ducked = False
+    session.rings.egress.set_gain(1.0)
+    if released:
+        session.stats.extra["duck_releases"] = session.stats.extra.get("duck_releases", 0) + 1
 
 
 # --- scheduler thread -------------------------------------------------------------------------------------------
@@ -348,9 +479,19 @@ class TurnMachine:
             case Endpoint():
                 self._on_endpoint(session, st, msg)
             case BargeInHeard():
-                self._on_barge_in(session, st, msg.epoch, msg.at_ms, msg.at_wall, barge_in=True)
+                self._on_barge_in(
+                    session, st, msg.epoch, msg.at_ms, msg.at_wall, barge_in=True, heard=msg.heard
+                )
+            case OverlapCheck():
+                job = self.asr.next_job()
+                st.check = PendingCheck(job, msg)
+                # Only the words matter here (no word times), and whisper is told backchannels come.
+                self.asr.submit(session, job, msg.audio, prompt=BACKCHANNEL_PROMPT, word_times=False)
             case AsrDone():
-                self._on_asr(session, st, msg)
+                if st.check is not None and st.check.job == msg.job and st.check.backchannel is None:
+                    self._on_check(session, st, st.check, msg)
+                else:
+                    self._on_asr(session, st, msg)
             case TtsDone():
                 r = st.reply
                 if r is not None and r.turn_id == msg.turn_id and r.epoch == msg.epoch:
@@ -414,8 +555,52 @@ class TurnMachine:
         del session.log[r.log_mark :]
         r.advance(ReplyPhase.CANCELLED)
 
+    def _on_check(
+        self, session: DuplexSession, st: CascadeSessionState, check: PendingCheck, done: AsrDone
+    ) -> None:
+        """The backchannel check's verdict: only backchannel words restore the reply's level (it goes on); any
+        other word flushes, as the audio thread's barge-in does (the fence first, then the level back)."""
+        msg = check.msg
+        backchannel = check.backchannel = st.backchannel.is_backchannel(done.transcript.text)
+        extra = session.stats.extra
+        extra["backchannel_checks"] = extra.get("backchannel_checks", 0) + 1
+        extra["backchannel_check_ms"] = round(done.elapsed_ms, 1)
+        w = st.watch
+        epoch: int | None = None
+        heard = msg.heard
+        with st.overlap_lock:
+            current = w.turn_start_ms == msg.start_ms and w.overlap is Overlap.OVER_MODEL
+            if backchannel and current and w.checking_to_ms == msg.end_ms:
+                w.overlap, w.checking_to_ms = Overlap.BACKCHANNEL, None
+                if w.ducked:
+                    _lift(session, w, released=True)
+            elif not backchannel and (current or check.endpoint is not None):
+                # A turn that already ended (its endpoint held here) is flushed too, though another may have begun.
+                if current:
+                    w.overlap, w.checking_to_ms = Overlap.BARGED, None
+                    heard = w.heard()
+                epoch = session.bump_epoch()
+                if current and w.ducked:
+                    _lift(session, w)
+        if backchannel:
+            extra["backchannels"] = extra.get("backchannels", 0) + 1
+        if epoch is not None:
+            self._on_barge_in(session, st, epoch, msg.end_ms, msg.at_wall, barge_in=True, heard=heard)
+        if check.endpoint is not None:
+            # The turn is over: a backchannel is dropped like any backchannel, an interruption is a caller turn.
+            endpoint, check.endpoint = check.endpoint, None
+            self._on_endpoint(session, st, dataclasses.replace(endpoint, backchannel=backchannel))
+
     def _on_endpoint(self, session: DuplexSession, st: CascadeSessionState, msg: Endpoint) -> None:
         ev = msg.ev
+        if msg.undecided:
+            check = st.check
+            if check is not None and check.msg.start_ms == ev.start_ms and check.backchannel is None:
+                check.endpoint = dataclasses.replace(msg, undecided=False)
+                return  # SpeechStopped goes out with the verdict
+            # The verdict came while the endpoint was on its way (no check of this turn: treat it as speech).
+            verdict = check.backchannel if check is not None and check.msg.start_ms == ev.start_ms else False
+            msg = dataclasses.replace(msg, undecided=False, backchannel=bool(verdict))
         session.emit(p.SpeechStopped(session_id=session.id, at_ms=ev.end_ms))
         if msg.backchannel:
             session.stats.ignored_short_speech += 1
@@ -734,9 +919,11 @@ class TurnMachine:
         at_wall: float,
         *,
         barge_in: bool,
+        heard: HeardUntil = None,
     ) -> None:
         """The fence is up (caller barge-in, or client interrupt when not ``barge_in``): end the reply, keeping
-        in the conversation only the words the caller heard."""
+        in the conversation only the words the caller heard (``heard``: the playout when the duck lowered it; what
+        played under the duck was not heard)."""
         thinker = self.thinker
         session.epoch = max(session.epoch, epoch)
         r = st.reply
@@ -745,6 +932,8 @@ class TurnMachine:
         st.reply = None
         if r.phase.is_confirmed:
             played = self._played_samples(session, r)
+            if heard is not None and heard[:2] == (r.epoch, r.turn_id):
+                played = min(played, heard[2])
             committed = " ".join(w.text for w in r.played_words(played)).strip()
             if thinker.is_generating(session.id):
                 thinker.end_reply(session.id, committed)

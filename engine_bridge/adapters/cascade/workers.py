@@ -36,14 +36,23 @@ class AsrWorker:
         with self._jobs_lock:
             return next(self._jobs)
 
-    def submit(self, session: DuplexSession, job: int, audio: npt.NDArray[np.int16]) -> None:
-        """Transcribe ``audio``; the session gets ``AsrDone(job, ...)`` (an empty text if the model failed)."""
+    def submit(
+        self,
+        session: DuplexSession,
+        job: int,
+        audio: npt.NDArray[np.int16],
+        *,
+        prompt: str | None = None,
+        word_times: bool = True,
+    ) -> None:
+        """Transcribe ``audio`` (``prompt``, ``word_times``: see :meth:`Transcriber.transcribe`); the session gets
+        ``AsrDone(job, ...)`` (an empty text if the model failed)."""
         asr = self.asr
 
         def run() -> None:
             t0 = time.monotonic()
             try:
-                tr = asr.transcribe(audio)
+                tr = asr.transcribe(audio, prompt=prompt, word_times=word_times)
             except Exception:
                 log.exception("session %s: ASR failed", session.id)
                 tr = Transcript(text="")
