@@ -253,6 +253,8 @@ class CallerLeg:
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     #: Send one Live command (a dict) to the server.
     send: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+    #: ``say_pcm(pcm, mark="end")``: speak a clip at the leg's rate (not Piper's) → the time the marked sample was sent.
+    say_pcm: Callable[..., Awaitable[float]] | None = None
 
 
 async def ws_leg(server: ServerProcess) -> CallerLeg:
@@ -320,9 +322,13 @@ async def webrtc_leg(server: ServerProcess, *, keep_levels: bool = False) -> Cal
                 events.append(("output", ev["delta"]))
         return events
 
-    async def say(q: str, mark: str = "end") -> float:
-        pcm = synthesize_speech(q, rate=WEBRTC_RATE, lead_silence_ms=200, tail_silence_ms=0)
+    async def say_pcm(pcm: npt.NDArray[np.int16], mark: str = "end") -> float:
         return await caller.say(pcm, marked_sample(pcm, WEBRTC_RATE, mark))
+
+    async def say(q: str, mark: str = "end") -> float:
+        return await say_pcm(
+            synthesize_speech(q, rate=WEBRTC_RATE, lead_silence_ms=200, tail_silence_ms=0), mark
+        )
 
     async def send(cmd: dict[str, Any]) -> None:
         caller.send(json.dumps(cmd))
@@ -333,4 +339,4 @@ async def webrtc_leg(server: ServerProcess, *, keep_levels: bool = False) -> Cal
             await asyncio.sleep(0.3)
         await caller.close()
 
-    return CallerLeg("webrtc", say, heard, transcripts, [close], send)
+    return CallerLeg("webrtc", say, heard, transcripts, [close], send, say_pcm)

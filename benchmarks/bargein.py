@@ -4,21 +4,33 @@ Each trial opens a session on a real engine process (embedded CPU pipeline), mak
 ``commentary`` append), lets ~1 s of the answer play, then writes an interrupting utterance into the ingress ring
 at real time. A poller thread watches the epoch word in the egress ring header every 0.5 ms. Figures:
 
-* ``p50_ms``/``p95_ms``: first speech frame written → epoch bump (the engine's decision; includes the barge-in
-  minimum of 200 ms of speech, by design: shorter sounds are backchannels);
+* ``p50_ms``/``p95_ms``: first speech frame written → epoch bump (the engine's decision: with the duck on, the
+  flush waits for the interruption to be confirmed: its first pause plus the backchannel word check, or 1 s of
+  speech; shorter sounds and backchannel words never flush);
 * client stop: first speech frame → the last frame of the old answer played by the driver, which drops stale
-  audio the way the media plane does (what a caller hears);
+  audio the way the media plane does (it does not apply the duck);
 * baseline, same trials: a turn-based pipeline stops only when the caller's turn ends (the VAD endpoint), so its
   stop time is first speech frame → endpoint (SpeechStopped) — measured on the same utterances.
 
 * ``--path webrtc`` (where the caller hears it): a real server (``make serve`` defaults) and an aiortc caller
-  through the media plane (Opus both ways, jitter buffer). The model tells a long story (a commentary append on
-  the data channel); after 1 s of it the caller interrupts. **Stop** = the caller's onset (the time the frame that
-  holds the interruption's first audible sample was sent) → the first received 10 ms window from which the model's
-  output stays at least 30 dB below its level (its loud windows over the 600 ms before the onset) up to 1.5 s after
-  the onset. The duck (``engine.turn_taking.duck_db``, 40 dB by default) lowers the output at the first frames of
-  caller speech; the baseline, same run, is a server started with ``duck_db=0``, which stops only at the epoch
-  flush (the barge-in minimum of speech).
+  through the media plane (Opus both ways, jitter buffer), one fresh call per trial. The model tells a long story
+  (a commentary append on the data channel); half a second into it the caller interrupts. From the caller's onset
+  (the time the frame holding the interruption's first audible sample was sent) to the first received 10 ms window
+  from which the output stays, up to 1.5 s after the onset:
+
+  - ``duck_p50_ms``/``duck_p95_ms``: at least 30 dB below the story's level (the power mean of its audible windows
+    over the 600 ms before the onset): the duck;
+  - ``silent_p50_ms``/``silent_p95_ms``: below -45 dBFS, the floor every benchmark here uses for "audible": the
+    old answer is inaudible;
+  - ``flushed_p50_ms``: below -70 dBFS: the old answer is gone (the epoch flush; the duck leaves it near -60);
+
+  counted only in trials where the server's barge-in counter moved. The baseline, same run, is a server started
+  with ``duck_db=0``, which stops only at the epoch flush (the barge-in minimum of speech).
+
+  ``backchannel_interrupt_rate``: calls where, half a second into the story, the caller says a backchannel
+  (Piper's "Mm-hm.", "Uh-huh.", "Yeah.", "Right.", or a synthetic seeded cough: 150-250 ms of band-limited noise)
+  and the server barges in (its counter moves) or the story is not back within 10 dB of its level within 1 s after
+  the sound ends; interrupted / trials (10, --quick 5), per kind, and the same on the ``duck_db=0`` server.
 
     python benchmarks/bargein.py [--path engine|webrtc|all] [--trials 20] [--quick]
 """
@@ -31,8 +43,11 @@ import math
 import sys
 import threading
 import time
+from typing import Any
 
-from _callers import CallerLeg, webrtc_leg
+import numpy as np
+import numpy.typing as npt
+from _callers import WEBRTC_RATE, CallerLeg, webrtc_leg
 from _common import finish, pct
 from _load import scrape
 
@@ -111,28 +126,62 @@ async def trial(client, i: int) -> dict[str, float] | None:
 
 # --- at the listener, over WebRTC --------------------------------------------------------------------------------
 DUCK_BELOW_DB = 30.0
+#: A 10 ms window below this is inaudible (the floor every benchmark here uses for "audible").
+AUDIBLE_DBFS = -45.0
+#: Below this the old answer is gone, not ducked: the 40 dB duck leaves a -20 dBFS answer near -60 dBFS, and the
+#: epoch flush leaves the decoder's digital silence (under -90 dBFS).
+FLUSHED_DBFS = -70.0
 STOP_HOLD_S = 1.5
+#: A backchannel "interrupts" unless the story is back within this long after the sound ends.
+RESTORE_WITHIN_S = 1.0
+#: "Back to its level": a window within this of the story's level before the sound.
+RESTORED_WITHIN_DB = 10.0
+BACKCHANNELS = ["Mm-hm.", "Uh-huh.", "Yeah.", "Right.", "cough"]
 NAN = float("nan")
 
 
-def output_stop_ms(leg: CallerLeg, onset: float) -> tuple[float, float]:
-    """(onset → the output stays DUCK_BELOW_DB under its level, in ms; the answer's level in dBFS) from the
-    caller's received windows (see the module docstring); NaN when it never stays down."""
+def story_level(leg: CallerLeg, before: float) -> float:
+    """The story's level (dBFS, power mean of its audible windows over the 600 ms before ``before``); NaN if
+    none was heard."""
     levels = leg.heard.levels or []
-    before = [d for d, t in levels if onset - 0.6 <= t < onset and d > -45.0]
-    if not before:
-        return NAN, NAN
-    level = 10 * math.log10(sum(10 ** (d / 10) for d in before) / len(before))
-    after = [(d, t) for d, t in levels if onset <= t <= onset + STOP_HOLD_S]
+    loud = [d for d, t in levels if before - 0.6 <= t < before and d > AUDIBLE_DBFS]
+    if not loud:
+        return NAN
+    return 10 * math.log10(sum(10 ** (d / 10) for d in loud) / len(loud))
+
+
+def stays_below_ms(leg: CallerLeg, onset: float, floor_db: float) -> float:
+    """Onset → the earliest received 10 ms window from which every window is below ``floor_db`` up to
+    STOP_HOLD_S after the onset, in ms; NaN when it never stays down."""
+    after = [(d, t) for d, t in leg.heard.levels or [] if onset <= t <= onset + STOP_HOLD_S]
     stop = NAN
-    for d, t in reversed(after):  # the earliest window from which every later one is quiet
-        if d > level - DUCK_BELOW_DB:
+    for d, t in reversed(after):
+        if d >= floor_db:
             break
         stop = t
-    return (stop - onset) * 1000, level
+    return (stop - onset) * 1000
 
 
-async def webrtc_trials(n: int, *, duck_db: float | None) -> list[dict[str, float]]:
+def cough(seed: int, rate: int) -> npt.NDArray[np.int16]:
+    """A synthetic cough: 150-250 ms of noise band-limited to 300-3000 Hz, a 8 ms attack and a decay over the
+    burst, peaking at -6 dBFS, after 200 ms of silence (as the spoken clips have); deterministic per seed."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.uniform(0.15, 0.25) * rate)
+    spectrum = np.fft.rfft(rng.standard_normal(n))
+    freqs = np.fft.rfftfreq(n, 1 / rate)
+    spectrum[(freqs < 300) | (freqs > 3000)] = 0
+    band = np.fft.irfft(spectrum, n)
+    t = np.arange(n) / rate
+    burst = band * (1 - np.exp(-t / 0.008)) * np.exp(-t / (n / rate / 3))
+    burst *= 10 ** (-6 / 20) * 32767 / np.abs(burst).max()
+    return np.concatenate([np.zeros(rate // 5), burst]).astype(np.int16)
+
+
+async def webrtc_trials(
+    n: int, n_backchannels: int, *, duck_db: float | None
+) -> tuple[list[dict[str, float]], list[dict[str, Any]]]:
+    """Interruption trials (until ``n`` barge-ins were counted) and ``n_backchannels`` backchannel trials on one
+    server (``duck_db`` None: the default settings)."""
     env = {
         "LIVEKIT_OMNI_WEBRTC__LOOPBACK_ONLY": "true",
         "LIVEKIT_OMNI_EVENT_LOG": "",
@@ -140,8 +189,10 @@ async def webrtc_trials(n: int, *, duck_db: float | None) -> list[dict[str, floa
     }
     if duck_db is not None:
         env["LIVEKIT_OMNI_ENGINE__TURN_TAKING__DUCK_DB"] = str(duck_db)
+    name = f"duck_db={duck_db if duck_db is not None else 'default'}"
     server = await asyncio.to_thread(start_server, adapter="cascade", env=env, ready_timeout=400)
     rows: list[dict[str, float]] = []
+    bcs: list[dict[str, Any]] = []
     try:
         i = 0
         while len(rows) < n and i < 3 * n:
@@ -153,36 +204,58 @@ async def webrtc_trials(n: int, *, duck_db: float | None) -> list[dict[str, floa
                 continue
             rows.append(row)
             print(
-                f"webrtc trial {len(rows):2d} (duck_db={duck_db if duck_db is not None else 'default'}): "
-                f"output down {row['stop_ms']:6.0f} ms after the onset (answer at {row['level_dbfs']:5.1f} dBFS)",
+                f"webrtc trial {len(rows):2d} ({name}): ducked {row['duck_ms']:5.0f} ms, inaudible "
+                f"{row['silent_ms']:5.0f} ms, flushed {row['flushed_ms']:5.0f} ms after the onset "
+                f"(answer at {row['level_dbfs']:5.1f} dBFS)",
+                file=sys.stderr,
+                flush=True,
+            )
+        j = 0
+        while len(bcs) < n_backchannels and j < 3 * n_backchannels:
+            kind = BACKCHANNELS[len(bcs) % len(BACKCHANNELS)]
+            j += 1
+            bc = await _backchannel_trial(server, kind, j)
+            if bc is None:
+                continue
+            bcs.append(bc)
+            print(
+                f"backchannel trial {len(bcs):2d} ({name}): {kind:8} "
+                f"{'INTERRUPTED' if bc['interrupted'] else 'kept'} (barge-in {bc['barged']}, story back "
+                f"{bc['restored_ms']:5.0f} ms after the sound)",
                 file=sys.stderr,
                 flush=True,
             )
     finally:
         await asyncio.to_thread(server.stop)
-    return rows
+    return rows, bcs
+
+
+async def _story(leg: CallerLeg) -> float | None:
+    """Ask for the story; the time its first audible window was heard, or None."""
+    assert leg.send is not None
+    await asyncio.sleep(0.5)
+    leg.heard.scan()
+    w0 = leg.heard.windows_received()
+    await leg.send({"type": "session.commentary.append", "content": STORY, "delegation_id": None})
+    t0 = time.monotonic()
+    first = None
+    while first is None and time.monotonic() < t0 + 30:
+        await asyncio.sleep(0.05)
+        leg.heard.scan()
+        first = leg.heard.first_loud_after(t0, w0)
+    return None if first is None else first[1]
 
 
 async def _webrtc_trial(server: ServerProcess, i: int) -> dict[str, float] | None:
     """One call: the story, the interruption half a second into it, the stop measured at the listener; None when
     no answer came or it ended on its own before the barge-in (its silence is no stop)."""
     leg = await webrtc_leg(server, keep_levels=True)
-    assert leg.send is not None
     try:
-        await asyncio.sleep(0.5)
-        leg.heard.scan()
-        w0 = leg.heard.windows_received()
-        await leg.send({"type": "session.commentary.append", "content": STORY, "delegation_id": None})
-        t0 = time.monotonic()
-        first = None
-        while first is None and time.monotonic() < t0 + 30:
-            await asyncio.sleep(0.05)
-            leg.heard.scan()
-            first = leg.heard.first_loud_after(t0, w0)
+        first = await _story(leg)
         if first is None:
             print(f"webrtc trial {i}: no answer heard", file=sys.stderr)
             return None
-        await asyncio.sleep(max(0.0, first[1] + 0.5 - time.monotonic()))  # half a second of the story
+        await asyncio.sleep(max(0.0, first + 0.5 - time.monotonic()))  # half a second of the story
         barge_ins = await asyncio.to_thread(_barge_ins, server.url)
         onset = await leg.say(INTERRUPTIONS[i % len(INTERRUPTIONS)], mark="onset")
         await asyncio.sleep(max(0.0, onset + STOP_HOLD_S + 0.3 - time.monotonic()))
@@ -190,8 +263,53 @@ async def _webrtc_trial(server: ServerProcess, i: int) -> dict[str, float] | Non
         if await asyncio.to_thread(_barge_ins, server.url) == barge_ins:
             print(f"webrtc trial {i}: the answer ended before the barge-in; retried", file=sys.stderr)
             return None
-        stop, level = output_stop_ms(leg, onset)
-        return {"stop_ms": stop, "level_dbfs": level}
+        level = story_level(leg, onset)
+        return {
+            "duck_ms": stays_below_ms(leg, onset, level - DUCK_BELOW_DB) if level == level else NAN,
+            "silent_ms": stays_below_ms(leg, onset, AUDIBLE_DBFS),
+            "flushed_ms": stays_below_ms(leg, onset, FLUSHED_DBFS),
+            "level_dbfs": level,
+        }
+    finally:
+        for close in leg.closers:
+            await close()
+
+
+async def _backchannel_trial(server: ServerProcess, kind: str, j: int) -> dict[str, Any] | None:
+    """One call: the story, a backchannel half a second into it. Interrupted: the server counted a barge-in, or the
+    story was not back to its level within RESTORE_WITHIN_S of the sound's end. None: no story came, or it ended
+    before the sound did (nothing to interrupt)."""
+    leg = await webrtc_leg(server, keep_levels=True)
+    assert leg.say_pcm is not None
+    try:
+        first = await _story(leg)
+        if first is None:
+            print(f"backchannel trial {j}: no answer heard", file=sys.stderr)
+            return None
+        await asyncio.sleep(max(0.0, first + 0.5 - time.monotonic()))
+        barge_ins = await asyncio.to_thread(_barge_ins, server.url)
+        before = time.monotonic()
+        if kind == "cough":
+            end = await leg.say_pcm(cough(j, WEBRTC_RATE), mark="end")
+        else:
+            end = await leg.say(kind, mark="end")
+        await asyncio.sleep(max(0.0, end + RESTORE_WITHIN_S + 0.3 - time.monotonic()))
+        leg.heard.scan()
+        barged = await asyncio.to_thread(_barge_ins, server.url) != barge_ins
+        level = story_level(leg, before)
+        if level != level:
+            return None
+        back = [t for d, t in leg.heard.levels or [] if t > end and d >= level - RESTORED_WITHIN_DB]
+        restored_ms = (back[0] - end) * 1000 if back else NAN
+        if not barged and not back:
+            # Neither flushed nor back: the story may simply have ended; more than a second after the sound, any
+            # loud window says it was still going.
+            later = [t for d, t in leg.heard.levels or [] if t > end + RESTORE_WITHIN_S and d > AUDIBLE_DBFS]
+            if not later:
+                print(f"backchannel trial {j}: the story ended by itself; retried", file=sys.stderr)
+                return None
+        interrupted = barged or not (restored_ms <= RESTORE_WITHIN_S * 1000)
+        return {"kind": kind, "barged": barged, "restored_ms": restored_ms, "interrupted": interrupted}
     finally:
         for close in leg.closers:
             await close()
@@ -239,7 +357,7 @@ async def main() -> None:
     args = ap.parse_args()
     n = 5 if args.quick else args.trials
     t0 = time.monotonic()
-    out: dict[str, float | int] = {}
+    out: dict[str, Any] = {}
     print()
     if args.path in ("engine", "all"):
         rows = await engine_trials(n)
@@ -262,20 +380,61 @@ async def main() -> None:
         }
     if args.path in ("webrtc", "all"):
         m = 3 if args.quick else min(n, 10)
-        ducked = await webrtc_trials(m, duck_db=None)
-        flushed = await webrtc_trials(m, duck_db=0.0)
-        d = _finite([r["stop_ms"] for r in ducked])
-        f = _finite([r["stop_ms"] for r in flushed])
+        nb = 5 if args.quick else max(10, m)
+        ducked, bcs = await webrtc_trials(m, nb, duck_db=None)
+        flushed, base_bcs = await webrtc_trials(m, len(BACKCHANNELS), duck_db=0.0)
+        d = _finite([r["duck_ms"] for r in ducked])
+        sil = _finite([r["silent_ms"] for r in ducked])
+        fl = _finite([r["flushed_ms"] for r in ducked])
+        f = _finite([r["duck_ms"] for r in flushed])
+        fsil = _finite([r["silent_ms"] for r in flushed])
+        ffl = _finite([r["flushed_ms"] for r in flushed])
         print()
-        print(f"{'webrtc: onset -> output -30 dB (ms)':44} {'p50':>8} {'p95':>8} {'missed':>7}")
-        print(f"{'duck (default settings)':44} {pct(d, 50):8.0f} {pct(d, 95):8.0f} {len(ducked) - len(d):7d}")
+        print(f"{'webrtc: caller onset -> (ms)':44} {'p50':>8} {'p95':>8} {'missed':>7}")
+        for label, xs, rows in (
+            ("old answer 30 dB down (duck)", d, ducked),
+            ("old answer inaudible (< -45 dBFS)", sil, ducked),
+            ("old answer flushed (< -70 dBFS)", fl, ducked),
+            ("baseline duck_db=0: 30 dB down", f, flushed),
+            ("baseline duck_db=0: inaudible", fsil, flushed),
+            ("baseline duck_db=0: flushed", ffl, flushed),
+        ):
+            print(f"{label:44} {pct(xs, 50):8.0f} {pct(xs, 95):8.0f} {len(rows) - len(xs):7d}")
+        rate = sum(b["interrupted"] for b in bcs) / len(bcs) if bcs else NAN
+        base_rate = sum(b["interrupted"] for b in base_bcs) / len(base_bcs) if base_bcs else NAN
+        print()
+        print(f"{'backchannels: interrupted / trials':44} {'default':>8} {'duck_db=0':>10}")
+        for kind in BACKCHANNELS:
+            mine = [b for b in bcs if b["kind"] == kind]
+            base = [b for b in base_bcs if b["kind"] == kind]
+            print(
+                f"{kind:44} {sum(b['interrupted'] for b in mine):3d} / {len(mine):2d} "
+                f"{sum(b['interrupted'] for b in base):4d} / {len(base):2d}"
+            )
+        restored = _finite([b["restored_ms"] for b in bcs if not b["barged"]])
+        print(f"{'all (rate)':44} {rate:8.2f} {base_rate:10.2f}")
         print(
-            f"{'baseline: flush only (duck_db=0)':44} {pct(f, 50):8.0f} {pct(f, 95):8.0f} {len(flushed) - len(f):7d}"
+            f"story back after a kept backchannel's end: p50 {pct(restored, 50):.0f} ms, max "
+            f"{max(restored, default=NAN):.0f} ms"
         )
+        print("targets: duck p50 <= 60 ms, inaudible p50 <= 200 ms, backchannels interrupt <= 5 %")
         out |= {
+            "duck_p50_ms": pct(d, 50),
+            "duck_p95_ms": pct(d, 95),
+            "silent_p50_ms": pct(sil, 50),
+            "silent_p95_ms": pct(sil, 95),
+            "flushed_p50_ms": pct(fl, 50),
+            "flushed_p95_ms": pct(fl, 95),
+            "backchannel_interrupt_rate": rate,
+            "backchannel_trials": len(bcs),
+            "backchannel_interrupts_by_kind": {
+                k: sum(b["interrupted"] for b in bcs if b["kind"] == k) for k in BACKCHANNELS
+            },
+            "baseline_backchannel_interrupt_rate": base_rate,
             "webrtc_duck_p50_ms": pct(d, 50),
             "webrtc_duck_p95_ms": pct(d, 95),
             "webrtc_flush_only_p50_ms": pct(f, 50),
+            "webrtc_flush_only_silent_p50_ms": pct(fsil, 50),
             "webrtc_duck_missed": len(ducked) - len(d),
             "webrtc_trials": len(ducked),
         }

@@ -381,6 +381,12 @@ def _watch_locked(
             else:
                 barge = False
             if barge:
+                log.info(
+                    "session %s: barge-in at %d ms of speech (%s)",
+                    session.id,
+                    det.speech_ms,
+                    w.overlap.value,
+                )
                 # The fence goes up *first*: the media plane drops queued stale audio at its next frame.
                 w.overlap = Overlap.BARGED
                 w.checking_to_ms = None
@@ -565,6 +571,9 @@ class TurnMachine:
         extra = session.stats.extra
         extra["backchannel_checks"] = extra.get("backchannel_checks", 0) + 1
         extra["backchannel_check_ms"] = round(done.elapsed_ms, 1)
+        extra["backchannel_check_heard"] = (
+            done.transcript.text
+        )  # what decided it, for the reader of the stats
         w = st.watch
         epoch: int | None = None
         heard = msg.heard
@@ -582,6 +591,15 @@ class TurnMachine:
                 epoch = session.bump_epoch()
                 if current and w.ducked:
                     _lift(session, w)
+        log.info(
+            "session %s: backchannel check of %d-%d ms heard %r in %.0f ms: %s",
+            session.id,
+            msg.start_ms,
+            msg.end_ms,
+            done.transcript.text,
+            done.elapsed_ms,
+            "a backchannel" if backchannel else "an interruption",
+        )
         if backchannel:
             extra["backchannels"] = extra.get("backchannels", 0) + 1
         if epoch is not None:
