@@ -28,11 +28,12 @@ at real time. A poller thread watches the epoch word in the egress ring header e
   with ``duck_db=0``, which stops only at the epoch flush (the barge-in minimum of speech).
 
   ``backchannel_interrupt_rate``: calls where, half a second into the story, the caller says a backchannel
-  (Piper's "Mm-hm.", "Uh-huh.", "Yeah.", "Right.", or a synthetic seeded cough: 150-250 ms of band-limited noise)
+  (Piper's "mm-hm" (from its phonemes: Piper spells the written word), "Uh-huh.", "Yeah.", "Right.", or a
+  synthetic seeded cough: 150-250 ms of band-limited noise)
   and the server barges in (its counter moves) or the story is not back within 10 dB of its level within 1 s after
-  the sound ends; interrupted / trials (10, --quick 5), per kind, and the same on the ``duck_db=0`` server.
+  the sound ends; interrupted / trials (20, 4 per kind; --backchannels N, --quick 5), per kind, and the same on the ``duck_db=0`` server.
 
-    python benchmarks/bargein.py [--path engine|webrtc|all] [--trials 20] [--quick]
+    python benchmarks/bargein.py [--path engine|webrtc|all] [--trials 20] [--backchannels 20] [--quick]
 """
 
 from __future__ import annotations
@@ -136,7 +137,16 @@ STOP_HOLD_S = 1.5
 RESTORE_WITHIN_S = 1.0
 #: "Back to its level": a window within this of the story's level before the sound.
 RESTORED_WITHIN_DB = 10.0
-BACKCHANNELS = ["Mm-hm.", "Uh-huh.", "Yeah.", "Right.", "cough"]
+#: What the caller says for each kind of backchannel (Piper's text, or "cough"). Piper reads "Mm-hm." as the
+#: letters ("em em aitch em"), which no caller says, so the hum is written as its phonemes, a syllabic m, h, m.
+BACKCHANNEL_SPEECH = {
+    "mm-hm": "[[ ˈm̩hm̩ ]]",
+    "uh-huh": "Uh-huh.",
+    "yeah": "Yeah.",
+    "right": "Right.",
+    "cough": "cough",
+}
+BACKCHANNELS = list(BACKCHANNEL_SPEECH)
 NAN = float("nan")
 
 
@@ -292,7 +302,7 @@ async def _backchannel_trial(server: ServerProcess, kind: str, j: int) -> dict[s
         if kind == "cough":
             end = await leg.say_pcm(cough(j, WEBRTC_RATE), mark="end")
         else:
-            end = await leg.say(kind, mark="end")
+            end = await leg.say(BACKCHANNEL_SPEECH[kind], mark="end")
         await asyncio.sleep(max(0.0, end + RESTORE_WITHIN_S + 0.3 - time.monotonic()))
         leg.heard.scan()
         barged = await asyncio.to_thread(_barge_ins, server.url) != barge_ins
@@ -353,7 +363,10 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--path", default="all", choices=("engine", "webrtc", "all"))
     ap.add_argument("--trials", type=int, default=20)
-    ap.add_argument("--quick", action="store_true", help="5 trials (3 over WebRTC)")
+    ap.add_argument(
+        "--backchannels", type=int, default=20, help="backchannel trials over WebRTC (default 20)"
+    )
+    ap.add_argument("--quick", action="store_true", help="5 trials (3 over WebRTC, 5 backchannels)")
     args = ap.parse_args()
     n = 5 if args.quick else args.trials
     t0 = time.monotonic()
@@ -380,7 +393,7 @@ async def main() -> None:
         }
     if args.path in ("webrtc", "all"):
         m = 3 if args.quick else min(n, 10)
-        nb = 5 if args.quick else max(10, m)
+        nb = 5 if args.quick else args.backchannels
         ducked, bcs = await webrtc_trials(m, nb, duck_db=None)
         flushed, base_bcs = await webrtc_trials(m, len(BACKCHANNELS), duck_db=0.0)
         d = _finite([r["duck_ms"] for r in ducked])

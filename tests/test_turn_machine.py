@@ -37,6 +37,7 @@ from engine_bridge.adapters.cascade.messages import (
 )
 from engine_bridge.adapters.cascade.reply import Cut, Reply
 from engine_bridge.adapters.cascade.turns import (
+    BACKCHANNEL_MAX_TOKENS,
     BACKCHANNEL_PROMPT,
     SPEAK_NOW_PROMPT,
     BackchannelPolicy,
@@ -74,13 +75,18 @@ class ScriptedTranscriber(Transcriber):
     def __init__(self, texts: list[str]) -> None:
         super().__init__()
         self.texts = list(texts)
-        #: (prompt, word_times) of every call, in order.
-        self.calls: list[tuple[str | None, bool]] = []
+        #: (prompt, word_times, max_tokens) of every call, in order.
+        self.calls: list[tuple[str | None, bool, int | None]] = []
 
     def _run(
-        self, pcm: npt.NDArray[np.int16], *, prompt: str | None = None, word_times: bool = True
+        self,
+        pcm: npt.NDArray[np.int16],
+        *,
+        prompt: str | None = None,
+        word_times: bool = True,
+        max_tokens: int | None = None,
     ) -> tuple[str, tuple[Word, ...], bool]:
-        self.calls.append((prompt, word_times))
+        self.calls.append((prompt, word_times, max_tokens))
         return (self.texts.pop(0) if self.texts else ""), (), False
 
 
@@ -825,7 +831,9 @@ def test_a_backchannel_word_restores_the_level_and_keeps_the_answer(make_call: C
     assert call.asr_jobs.jobs == [] and call.adapter.asr is not None
     transcriber = call.adapter.asr
     assert isinstance(transcriber, ScriptedTranscriber)
-    assert transcriber.calls == [(BACKCHANNEL_PROMPT, False)], "told to expect backchannels; no word times"
+    assert transcriber.calls == [(BACKCHANNEL_PROMPT, False, BACKCHANNEL_MAX_TOKENS)], (
+        "told to expect backchannels; no word times; only the first words decoded"
+    )
     assert eg.gain == 1.0 and eg.epoch == call.session.epoch == epoch, "the level is back, nothing flushed"
     call.feed(silence(600))
     posted = call.take_posted()
@@ -959,9 +967,23 @@ def test_backchannel_words() -> None:
         "Okay.",
         "",
         " . . ",
+        "Mm- Mm- Mm",  # hums, as whisper writes them
+        "M-H-M. M-H-M.",
+        "Hm.",
     ]:
         assert policy.is_backchannel(text), text
-    for text in ["Wait.", "Stop.", "No.", "Hold on.", "Yeah, but why?", "M-no.", "And then make some."]:
+    for text in [
+        "Wait.",
+        "Stop.",
+        "No.",
+        "Hold on.",
+        "Yeah, but why?",
+        "M-no.",
+        "And then make some.",
+        "Hmm, wait.",
+        "Man.",
+        "Come on.",
+    ]:
         assert not policy.is_backchannel(text), text
     assert not BackchannelPolicy.from_words([], 1000, 120).is_backchannel("Yeah.")
     assert BackchannelPolicy.from_words([], 1000, 120).is_backchannel(""), "a sound with no words (a cough)"

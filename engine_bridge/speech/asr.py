@@ -125,20 +125,29 @@ class Transcriber(ABC):
         self._lock = threading.Lock()
 
     def transcribe(
-        self, pcm16k: npt.NDArray[np.int16], *, prompt: str | None = None, word_times: bool = True
+        self,
+        pcm16k: npt.NDArray[np.int16],
+        *,
+        prompt: str | None = None,
+        word_times: bool = True,
+        max_tokens: int | None = None,
     ) -> Transcript:
         """Transcribe one utterance (int16 mono at 16 kHz). Silent or too-short audio gives an empty text.
 
         ``prompt``: text the model reads as what came before the audio, for this call only (whisper: its
         ``initial_prompt``, which biases the words it expects; None: the transcriber's own). ``word_times=False``
-        skips measuring word times (a caller that needs only the words; the words are then spread evenly)."""
+        skips measuring word times (a caller that needs only the words; the words are then spread evenly).
+        ``max_tokens`` bounds the decoded tokens below the transcriber's own bound (a caller that needs only the
+        first few words: a bound decodes faster, and whisper repeats a short word until its bound)."""
         pcm = _check_pcm(pcm16k)
         audio_ms = samples_to_ms(len(pcm), _RATE)
         if _is_silent(pcm):
             return Transcript(text="", audio_ms=audio_ms)
         with self._lock:
             t0 = time.perf_counter()
-            text, words, measured = self._run(pcm, prompt=prompt, word_times=word_times)
+            text, words, measured = self._run(
+                pcm, prompt=prompt, word_times=word_times, max_tokens=max_tokens
+            )
             elapsed = (time.perf_counter() - t0) * 1000.0
         return Transcript(
             text=text,
@@ -162,10 +171,15 @@ class Transcriber(ABC):
 
     @abstractmethod
     def _run(
-        self, pcm: npt.NDArray[np.int16], *, prompt: str | None = None, word_times: bool = True
+        self,
+        pcm: npt.NDArray[np.int16],
+        *,
+        prompt: str | None = None,
+        word_times: bool = True,
+        max_tokens: int | None = None,
     ) -> tuple[str, tuple[Word, ...], bool]:
-        """Decode non-silent audio (see :meth:`transcribe` for ``prompt`` and ``word_times``); return (text, words,
-        whether the word times were measured)."""
+        """Decode non-silent audio (see :meth:`transcribe` for ``prompt``, ``word_times`` and ``max_tokens``);
+        return (text, words, whether the word times were measured)."""
 
 
 class WhisperTranscriber(Transcriber):
@@ -240,7 +254,12 @@ class WhisperTranscriber(Transcriber):
         return self.window_frames(samples) * 10
 
     def _run(
-        self, pcm: npt.NDArray[np.int16], *, prompt: str | None = None, word_times: bool = True
+        self,
+        pcm: npt.NDArray[np.int16],
+        *,
+        prompt: str | None = None,
+        word_times: bool = True,
+        max_tokens: int | None = None,
     ) -> tuple[str, tuple[Word, ...], bool]:
         audio = pcm.astype(np.float32) * np.float32(1.0 / 32768.0)
         seconds = len(pcm) / _RATE
@@ -255,11 +274,14 @@ class WhisperTranscriber(Transcriber):
             temperature=0.0,
             vad_filter=False,
             word_timestamps=word_timestamps,
+            # Without word times the decoder also goes without timestamp tokens: on a clip of a second or less
+            # they lead it astray (a hum heard as "And then make some." with them, as "Mm-hm" without).
+            without_timestamps=not word_timestamps,
             condition_on_previous_text=False,
             initial_prompt=self.initial_prompt if prompt is None else prompt,
             # Nobody says more than ~4 words (~6 tokens) a second; the bound stops a hallucinated repetition
             # loop on noise from decoding for seconds.
-            max_new_tokens=min(_WHISPER_MAX_TOKENS, int(16 + 8 * seconds)),
+            max_new_tokens=min(_WHISPER_MAX_TOKENS, int(16 + 8 * seconds), max_tokens or _WHISPER_MAX_TOKENS),
         )
         texts: list[str] = []
         words: list[Word] = []
@@ -325,9 +347,14 @@ class PocketsphinxTranscriber(Transcriber):
         self._decoder: Decoder = Decoder(samprate=float(_RATE), loglevel="FATAL")
 
     def _run(
-        self, pcm: npt.NDArray[np.int16], *, prompt: str | None = None, word_times: bool = True
+        self,
+        pcm: npt.NDArray[np.int16],
+        *,
+        prompt: str | None = None,
+        word_times: bool = True,
+        max_tokens: int | None = None,
     ) -> tuple[str, tuple[Word, ...], bool]:
-        # pocketsphinx takes no prompt and always segments words (its times cost nothing extra).
+        # pocketsphinx takes no prompt and no token bound, and always segments words (its times cost nothing extra).
         d = self._decoder
         d.start_utt()
         d.process_raw(pcm.tobytes(), no_search=False, full_utt=True)

@@ -21,6 +21,7 @@ import collections
 import dataclasses
 import enum
 import logging
+import re
 import threading
 import time
 from collections.abc import Collection, Sequence
@@ -130,6 +131,11 @@ class DuckPolicy:
 #: "Mm-hm." instead of "And then make some.", and still hears "Wait.", "Stop.", "No." and "Hold on." as they are
 #: (measured on Piper clips, clean and through Opus; docs/architecture.md, The duck).
 BACKCHANNEL_PROMPT: Final = "Mm-hm. Uh-huh. Yeah. Right. Okay."
+#: The check decodes no more than this: the first few words decide, and whisper, told to expect backchannels,
+#: repeats a short one ("Yeah. Yeah. Yeah. ...") up to its bound.
+BACKCHANNEL_MAX_TOKENS: Final = 12
+#: A hum as whisper writes it ("Mm-", "M-H-M", "Hm"): letters m and h only, each word a backchannel.
+_HUM_WORD: Final = re.compile(r"[mh]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,15 +160,19 @@ class BackchannelPolicy:
         return self.max_ms > 0
 
     def is_backchannel(self, text: str) -> bool:
-        """True when ``text`` holds no word but backchannel words. Its last word may be cut short (the decoder's
-        token bound stops a repeated "Mm-hm. Mm-hm. M"): a prefix of a backchannel word counts."""
+        """True when ``text`` holds no word but backchannel words and hums (words of m and h only: whisper writes
+        a closed-mouth "mm-hm" as "Mm- Mm" or "M-H-M"). Its last word may be cut short (the decoder's token bound
+        stops a repeated "Yeah. Yeah. Ye"): a prefix of a backchannel word counts."""
         said = text_words(text)
         if not said:
             return True
         *whole, last = said
-        return all(w in self.words for w in whole) and (
-            last in self.words or any(w.startswith(last) for w in self.words)
+        return all(self._is_backchannel_word(w) for w in whole) and (
+            self._is_backchannel_word(last) or any(w.startswith(last) for w in self.words)
         )
+
+    def _is_backchannel_word(self, word: str) -> bool:
+        return word in self.words or _HUM_WORD.fullmatch(word) is not None
 
 
 @dataclass(slots=True)
@@ -492,7 +502,14 @@ class TurnMachine:
                 job = self.asr.next_job()
                 st.check = PendingCheck(job, msg)
                 # Only the words matter here (no word times), and whisper is told backchannels come.
-                self.asr.submit(session, job, msg.audio, prompt=BACKCHANNEL_PROMPT, word_times=False)
+                self.asr.submit(
+                    session,
+                    job,
+                    msg.audio,
+                    prompt=BACKCHANNEL_PROMPT,
+                    word_times=False,
+                    max_tokens=BACKCHANNEL_MAX_TOKENS,
+                )
             case AsrDone():
                 if st.check is not None and st.check.job == msg.job and st.check.backchannel is None:
                     self._on_check(session, st, st.check, msg)

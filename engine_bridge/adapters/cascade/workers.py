@@ -44,15 +44,16 @@ class AsrWorker:
         *,
         prompt: str | None = None,
         word_times: bool = True,
+        max_tokens: int | None = None,
     ) -> None:
-        """Transcribe ``audio`` (``prompt``, ``word_times``: see :meth:`Transcriber.transcribe`); the session gets
-        ``AsrDone(job, ...)`` (an empty text if the model failed)."""
+        """Transcribe ``audio`` (``prompt``, ``word_times``, ``max_tokens``: see :meth:`Transcriber.transcribe`); the
+        session gets ``AsrDone(job, ...)`` (an empty text if the model failed)."""
         asr = self.asr
 
         def run() -> None:
             t0 = time.monotonic()
             try:
-                tr = asr.transcribe(audio, prompt=prompt, word_times=word_times)
+                tr = asr.transcribe(audio, prompt=prompt, word_times=word_times, max_tokens=max_tokens)
             except Exception:
                 log.exception("session %s: ASR failed", session.id)
                 tr = Transcript(text="")
