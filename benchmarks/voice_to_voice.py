@@ -21,6 +21,9 @@ Each path is one conversation of the same ``--turns`` questions (10 by default),
 answer has played out (1.2 s of quiet output). The server's turn records are not on the wire, so the ws and webrtc
 rows carry no stage breakdown: the engine path of the same run gives it (same settings, same models).
 ``turn10_over_turn1`` is the last turn over the first of one conversation: does a longer conversation get slower?
+One turn over one other is noisy (different questions, different answers), so the trend is reported beside it:
+``late_over_early_p50`` (the median of the second half of the turns over that of the first half) and
+``ms_per_turn_by_path`` (the least-squares slope of voice-to-voice over the turn number).
 
 For ws and webrtc the server's own ``livekit_omni_turn_latency_seconds`` (its /metrics: the engine's end-of-turn
 decision → the reply's first frame sent) is reported too, as a mean per path: what the transport adds on top of it
@@ -230,6 +233,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
         "turn10_over_turn1": last / first if _ok(first) and _ok(last) and first else NAN,
         "no_reply": sum(1 for r in rows if not _ok(r["v2v_ms"])),
     }
+    # One turn over another is one sample over one sample (different questions, different answers); the trend
+    # over all turns says better whether a longer conversation gets slower.
+    pts = [(i, r["v2v_ms"]) for i, r in enumerate(rows) if _ok(r["v2v_ms"])]
+    half = len(rows) // 2
+    early = [r["v2v_ms"] for r in rows[:half] if _ok(r["v2v_ms"])]
+    late = [r["v2v_ms"] for r in rows[half:] if _ok(r["v2v_ms"])]
+    xs, ys = [float(i) for i, _ in pts], [v for _, v in pts]
+    out["ms_per_turn"] = statistics.linear_regression(xs, ys).slope if len(pts) >= 2 else NAN
+    out["late_over_early_p50"] = statistics.median(late) / statistics.median(early) if early and late else NAN
     for key in (
         "endpoint_ms",
         "asr_ms",
@@ -260,6 +272,8 @@ def print_report(groups: dict[str, list[dict[str, Any]]], sums: dict[str, dict[s
         ("p50_ms", "p50"),
         ("p95_ms", "p95"),
         ("turn10_over_turn1", "last turn / turn 1"),
+        ("late_over_early_p50", "p50 second half / first half"),
+        ("ms_per_turn", "trend, ms per turn (least squares)"),
         ("no_reply", "turns without an answer"),
         ("endpoint_ms", "stage: VAD endpoint (setting)"),
         ("asr_ms", "stage: ASR final"),
@@ -272,7 +286,7 @@ def print_report(groups: dict[str, list[dict[str, Any]]], sums: dict[str, dict[s
         cells = []
         for n in names:
             v = sums[n].get(key, NAN)
-            fmt = f"{v:18.2f}" if key == "turn10_over_turn1" else f"{v:18.0f}"
+            fmt = f"{v:18.2f}" if key in ("turn10_over_turn1", "late_over_early_p50") else f"{v:18.0f}"
             cells.append(fmt if _ok(v) else f"{'-':>18}")
         print(f"{label:34}" + "  ".join(cells))
     print(
@@ -342,6 +356,8 @@ async def main() -> None:
         "turn10_over_turn1": sums[main_path]["turn10_over_turn1"],
         "turn10_over_turn1_path": main_path,
         "turn10_over_turn1_by_path": {n: s["turn10_over_turn1"] for n, s in sums.items()},
+        "late_over_early_p50": sums[main_path]["late_over_early_p50"],
+        "ms_per_turn_by_path": {n: s["ms_per_turn"] for n, s in sums.items()},
         "vad_endpoint_ms": eng.get("endpoint_ms", NAN),
         "asr_final_ms": eng.get("asr_ms", NAN),
         "asr_final_ms_full_window": sums.get("engine asr 30 s", {}).get("asr_ms", NAN),
