@@ -14,6 +14,8 @@ Artifacts (screenshots, the received audio, the page's report, browser logs) go 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -431,6 +433,60 @@ def test_barge_in_stops_the_answer_in_the_browser(idle_server: ServerProcess, ou
     assert [t["role"] for t in after] == ["caller", "model"], items
     assert "italy" in normalize_text(after[0]["text"]), after
     assert report["errors"] == []
+
+
+#: The question of the resume test plays this long after getUserMedia: after the call connected, the network
+#: stalled long enough for Chromium to give the connection up (ICE consent, ~30 s) and the page resumed.
+RESUME_MIC_LEAD_MS = 75_000
+
+
+def test_a_lost_connection_resumes_the_same_session_and_the_call_goes_on(
+    idle_server: ServerProcess, output_dir: Path
+) -> None:
+    """The server stops answering (SIGSTOP: its ICE consent replies stop, as when the network between the browser
+    and the server dies) until Chromium declares the connection failed; the page offers again with the session's
+    resume token, and once the server runs again (SIGCONT) the same session goes on: same id, one engine session,
+    no error, and a question asked after the resume is answered."""
+    wav = output_dir / "fake-mic.wav"
+    write_fake_mic(wav, "What is the capital of France?", RESUME_MIC_LEAD_MS)
+    with launch_chromium(output_dir, fake_mic_wav=wav) as driver:
+        open_page(driver, idle_server)
+        before = connect(driver)
+        sid = before["sessionId"]
+        assert sid
+        os.kill(idle_server.proc.pid, signal.SIGSTOP)
+        try:
+            lost = wait_until(
+                driver,
+                lambda d: (s := page_call(d, "status"))["state"] == "connecting" and s,
+                timeout=ICE_CONSENT_EXPIRY_S + 30,
+                what="the page to notice the lost connection and resume",
+            )
+            assert "resuming" in lost["text"], lost
+        finally:
+            os.kill(idle_server.proc.pid, signal.SIGCONT)
+        wait_until(driver, lambda d: page_call(d, "resumes") == 1, timeout=30, what="the resume")
+        after = page_call(driver, "status")
+        assert after["connected"] and after["sessionId"] == sid, (before, after)
+        assert idle_server.health()[1]["engine"]["active_sessions"] == 1, (
+            "the same engine session, no second one"
+        )
+        wait_until(
+            driver,
+            lambda d: any(
+                "paris" in normalize_text(m["text"]) for m in model_turns(page_call(d, "transcripts"))
+            ),
+            timeout=RESUME_MIC_LEAD_MS / 1000 + 45,
+            what="the answer to the question asked after the resume",
+        )
+        hang_up(driver)
+        report = save_report(driver, output_dir, "page-report.json")
+    assert report["errors"] == [], report["errors"]
+    markers = [m["text"] for m in report["transcripts"] if m["kind"] == "marker"]
+    assert any("resuming" in m for m in markers) and "Resumed." in markers, markers
+    assert [e["type"] for e in report["events"]].count("session.started") == 2, (
+        "the first call's, the resume's"
+    )
 
 
 def test_wrong_or_missing_api_key_is_explained(idle_server: ServerProcess, output_dir: Path) -> None:
