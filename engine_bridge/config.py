@@ -100,6 +100,10 @@ class ThinkerSettings(BaseModel):
     model: str = "smollm2"
     #: ``auto``: float32 on CPU (keeps batched decoding token-exact), bfloat16 on CUDA.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    #: The torch backend's weights: ``int8`` quantizes the linear layers per output channel (CPU, float32):
+    #: decoding about twice as fast, but SmolLM2-135M answers fewer questions right and batched tokens are no
+    #: longer exactly single ones (docs/benchmarks.md, Thinker weights); ``none`` keeps them in ``dtype``.
+    quantization: Literal["none", "int8"] = "none"
     #: Longest conversation a session keeps in its KV; older turns are trimmed beyond it.
     max_model_len: int = Field(2048, ge=256)
     max_reply_tokens: int = Field(48, ge=4, le=1024)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine_bridge.thinker.base import DecodingSettings, ThinkerBackend
 from engine_bridge.thinker.model_store import (
@@ -175,6 +176,23 @@ def test_bfloat16_keeps_the_greedy_answer() -> None:
     assert th.caps.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2  # 22.5 KiB: half of fp32
     th.open("a")
     assert "Paris" in ask(th, "a", "What is the capital of France?")[0]
+
+
+def test_int8_weights_quantize_every_linear_and_keep_the_greedy_answer() -> None:
+    th = TorchThinker(TorchThinkerConfig(weights="int8"))
+    linears = [m for m in th.model.modules() if isinstance(m, torch.nn.Linear)]
+    quantized = [m for m in th.model.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
+    assert not linears and len(quantized) == 30 * 7 + 1, "every projection and the head, none left in float"
+    assert th.describe()["weights"] == "int8"
+    th.open("a")
+    assert "Paris" in ask(th, "a", "What is the capital of France?")[0]
+
+
+def test_int8_weights_need_float32_on_the_cpu() -> None:
+    with pytest.raises(ValueError, match="int8 weights need dtype float32 on the CPU"):
+        TorchThinkerConfig(weights="int8", dtype="bfloat16")
+    with pytest.raises(ValueError, match="int8 weights need dtype float32 on the CPU"):
+        TorchThinkerConfig(weights="int8", device="cuda")
 
 
 # ------------------------------------------------------------------------------------------- KV lease

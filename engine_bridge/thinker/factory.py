@@ -77,6 +77,7 @@ def make_thinker(settings: EngineSettings) -> ThinkerBackend:
         TorchThinkerConfig(
             model=source,
             dtype=dtype,
+            weights="int8" if t.quantization == "int8" else "float",
             device=device,
             threads=settings.threads,
             max_context_tokens=t.max_model_len,
