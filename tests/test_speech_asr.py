@@ -18,7 +18,7 @@ from engine_bridge.speech.asr import (
     make_transcriber,
 )
 from engine_bridge.speech.text import text_words
-from tests.speech_fixtures import noise, silence, synthesize_speech
+from tests.speech_fixtures import noise, silence, speech_bounds_ms, synthesize_speech
 
 pytestmark = pytest.mark.slow
 
@@ -150,6 +150,19 @@ def test_silence_and_noise_give_empty_text(which: str, request: pytest.FixtureRe
         result = asr.transcribe(pcm)
         assert result.elapsed_ms > 0, "the model never ran: the silence gate answered"
         assert result.text == "" and result.words == (), (level_db, result)
+
+
+def test_a_short_word_after_a_pause_is_heard(whisper: Transcriber) -> None:
+    """The caller's second turn of ``benchmarks/endpointing.py``'s 900 ms control, exactly as the engine handed it
+    to whisper (300 ms of prefix padding, "planet?", 270 ms of silence): whisper's timestamped decode gives no
+    segment at all, and the turn went unanswered; the plain decode hears the word."""
+    pcm = synthesize_speech("planet?", rate=16_000, lead_silence_ms=0, tail_silence_ms=0)
+    start_ms, end_ms = speech_bounds_ms(pcm, 16_000)
+    word = pcm[start_ms * 16 : end_ms * 16]
+    clip = np.concatenate([silence(300), word, silence(270)])
+    result = whisper.transcribe(clip)
+    assert "planet" in result.text.lower(), result
+    assert result.words and not result.word_timing_measured, "the plain decode's words, spread evenly"
 
 
 def test_rejects_non_int16(whisper: Transcriber) -> None:
