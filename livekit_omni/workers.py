@@ -3,12 +3,13 @@
 One asyncio process holds only so many WebRTC sessions in real time (``benchmarks/media_plane.py``), far fewer
 than an engine on a GPU can serve. So the media plane runs in N worker processes:
 
-* **The parent** (this module's :func:`serve_workers`) binds the listening socket once, keeps the engine (an
+* **The parent** (this module's :func:`serve_workers`) reserves the port once, keeps the engine (an
   :class:`~livekit_omni.supervisor.EngineSupervisor` that spawns it and restarts it when it dies; with
   ``--engine ADDRESS`` it spawns nothing), starts the workers, restarts a worker that dies, forwards SIGTERM (drain)
   and SIGINT to all of them, and prints the URL once. It serves no request and holds no session.
-* **Each worker** (``python -m livekit_omni.workers``) runs the whole app on the inherited socket (the kernel hands
-  each new connection to one of them) and on a private Unix socket of its own, with its own control connection to
+* **Each worker** (``python -m livekit_omni.workers``) runs the whole app on a listening socket of its own bound to
+  that port with ``SO_REUSEPORT`` (the kernel hashes each new connection to one of them) and on a private Unix
+  socket, with its own control connection to
   the engine (attached, never spawned). It owns its sessions: peer connections, Live and Realtime sessions, resume
   tokens, call ids, ephemeral keys, all tagged with its index (:mod:`livekit_omni.worker_ids`); a request for
   another worker's state is relayed there (:mod:`livekit_omni.routing`).
@@ -79,14 +80,14 @@ class Parent:
         return f"http://{self.settings.host}:{self.listener.getsockname()[1]}"
 
     def _worker_env(self, engine_address: str) -> dict[str, str]:
-        worker_settings = self.settings.model_copy(update={"engine_address": engine_address})
+        port = self.listener.getsockname()[1]
+        worker_settings = self.settings.model_copy(update={"engine_address": engine_address, "port": port})
         env = dict(os.environ)
         env[SETTINGS_ENV] = worker_settings.model_dump_json()
         env.setdefault("HF_HUB_OFFLINE", "1")
         return env
 
     def _spawn(self, w: _Worker, env: dict[str, str]) -> None:
-        fd = self.listener.fileno()
         cmd = [
             sys.executable,
             "-m",
@@ -95,8 +96,6 @@ class Parent:
             str(w.index),
             "--count",
             str(self.count),
-            "--fd",
-            str(fd),
             "--socket-dir",
             self.socket_dir,
             "--parent-pid",
@@ -104,7 +103,7 @@ class Parent:
         ]
         # Its own session: a terminal's Ctrl-C reaches the parent only, which forwards one SIGINT to each worker
         # (two would make uvicorn skip its graceful shutdown).
-        w.proc = subprocess.Popen(cmd, env=env, pass_fds=(fd,), start_new_session=True)
+        w.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         w.started_at = time.monotonic()
         w.restart_at = None
         log.info("worker %d: pid %d", w.index, w.proc.pid)
@@ -217,10 +216,22 @@ async def _worker_healthy(path: str) -> bool:
         return False
 
 
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` with ``SO_REUSEPORT``, not listening yet."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
 def serve_workers(settings: Settings, count: int) -> int:
     """Run ``livekit-omni serve`` as a parent of ``count`` workers; returns the exit status."""
-    listener = socket.create_server((settings.host, settings.port), backlog=2048)
-    listener.set_inheritable(True)
+    # Why SO_REUSEPORT rather than one listening socket shared by all: on a shared socket every idle worker is woken
+    # for each connection and the same one tends to win the accept (measured: all sessions on one worker), while
+    # the kernel spreads connections over a reuseport group by their address hash. The parent's socket never
+    # listens (so it gets no connections); it keeps the port (an ephemeral one for port 0) while workers restart.
+    listener = reuseport_socket(settings.host, settings.port)
     socket_dir = tempfile.mkdtemp(prefix="lko-workers-")
     try:
         return asyncio.run(Parent(settings, count, listener, socket_dir).run())
@@ -239,11 +250,10 @@ def _bind_private(path: str) -> socket.socket:
 
 
 def worker_main(argv: list[str] | None = None) -> int:
-    """One worker: the app on the inherited listening socket and on its private Unix socket."""
+    """One worker: the app on its ``SO_REUSEPORT`` socket of the server's port and on its private Unix socket."""
     ap = argparse.ArgumentParser(prog="livekit_omni.workers", description="a worker of livekit-omni serve")
     ap.add_argument("--index", type=int, required=True)
     ap.add_argument("--count", type=int, required=True)
-    ap.add_argument("--fd", type=int, required=True)
     ap.add_argument("--socket-dir", required=True)
     ap.add_argument("--parent-pid", type=int, required=True)
     args = ap.parse_args(argv)
@@ -265,7 +275,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     from livekit_omni.app import create_app
     from livekit_omni.server import run_server
 
-    public = socket.socket(fileno=args.fd)
+    public = reuseport_socket(settings.host, settings.port)
     private = _bind_private(identity.socket_path(args.index))
     return run_server(
         create_app(settings), settings, sockets=[public, private], announce=False, parent_pid=args.parent_pid

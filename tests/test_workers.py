@@ -382,6 +382,43 @@ async def test_a_killed_worker_is_restarted_and_the_other_keeps_its_sessions(ser
         await c.close()
 
 
+async def test_the_parent_restarts_a_dead_engine_and_every_worker_reattaches(server: ServerProcess) -> None:
+    sessions = await on_both_workers(server, 2)
+    old_engine = server.engine_pid()
+    psutil.Process(old_engine).kill()
+    try:
+        for c, _ in sessions:
+            err = await c.next_event(wire.Error, timeout=10)
+            assert err.error.code == "engine_lost", err
+    finally:
+        for c, _ in sessions:
+            await c.close()
+    # Both workers are back on one new engine: several answers in a row (from either worker) are 200.
+    deadline = time.monotonic() + 60
+    ok: set[int] = set()
+    while len(ok) < 2:
+        assert time.monotonic() < deadline, server.log_tail()
+        code, body = await asyncio.to_thread(server.health)
+        if code == 200 and body["engine"]["pid"] != old_engine and body["engine"]["restarts"] >= 1:
+            ok.add(body["worker"]["index"])
+        else:
+            await asyncio.sleep(0.2)
+    assert (
+        len(
+            {
+                p.pid
+                for p in psutil.Process(server.proc.pid).children()
+                if "engine_bridge.engine" in p.cmdline()
+            }
+        )
+        == 1
+    )
+    fresh = await on_both_workers(server, 2)
+    for c, _ in fresh:
+        await echoes(c)
+        await c.close()
+
+
 async def test_sigterm_drains_every_worker_then_exits_0(server: ServerProcess) -> None:
     """Last in the module: it stops the server."""
     sessions = await on_both_workers(server, 2)
