@@ -29,6 +29,13 @@ What it measures
     The echo (frames above -40 dBFS at the caller) is reported as a sanity check, not part of the criterion.
     ``max_sessions_realtime`` is the largest N that met it. All three processes share this machine's cores, so
     the CPU of each is reported: the figure is what one box holds, not the media plane's limit alone.
+    ``--workers 1,2``: instead of peers in this process, (c) runs against a real ``livekit-omni serve --workers N``
+    (loopback engine) for each N in turn: the callers post Live WebRTC offers to ``/v1/live/sessions``, one fresh
+    connection each, so the kernel spreads them over the workers (each row shows the split). Real time is the same
+    caller-side criterion, with the server's side taken from ``/metrics`` (caller audio received, all workers,
+    ≥ 98 % of real time per session). Server CPU is the parent and its workers (one process with N = 1), never the
+    engine. The JSON adds ``max_sessions_by_workers`` and ``server_cpu_pct_per_session_by_workers`` (at each
+    count's largest real-time step, % of one core) and the rows under ``sessions_workers<N>``.
 (d) ``--jitter``: one-way caller → server latency for aiortc receive jitter-buffer prefetch values, with
     ``media.webrtc.AudioJitterBuffer``: a caller sends 100 ms tone bursts every 500 ms; latency is from the
     moment the burst's first frame is handed to aiortc to the moment the server's ingress writer sees it.
@@ -38,6 +45,7 @@ The last stdout line is one JSON object: ``decode_us_per_frame``, ``encode_us_pe
 ``machine_cpu_pct`` there is the whole machine's busy CPU in % of one core, other users' work included).
 
     .venv/bin/python benchmarks/media_plane.py [--frames 5000] [--max-sessions 48] [--window 10] [--jitter]
+        [--workers 1,2]
 """
 
 from __future__ import annotations
