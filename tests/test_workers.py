@@ -260,9 +260,26 @@ async def test_webrtc_resume_offer_reaches_the_owner(server: ServerProcess) -> N
                 ):
                     body = await r.json()
                     assert r.status == 400 and body["error"]["code"] == "resume_token_invalid", body
+        # A real token (of a WebSocket session) offered over WebRTC: only its owner knows it, and says it
+        # resumes a WebSocket session; a worker answering without relaying would call it invalid.
+        c, st = await started(server)
+        try:
+            offer = {"resume_token": st.resume_token, "transport": {"type": "webrtc", "sdp": sdp}}
+
+            async def probe() -> None:
+                async with (
+                    aiohttp.ClientSession() as http,
+                    http.post(server.url + "/v1/live/sessions", json=offer, headers=AUTH) as r,
+                ):
+                    body = await r.json()
+                    assert r.status == 400 and body["error"]["code"] == "resume_transport_mismatch", body
+
+            await until_relayed(server, "http", probe, "resume offers")
+            await echoes(c)  # the probe spent nothing
+        finally:
+            await c.close()
     finally:
         await caller.close()
-    assert await relayed(server, "http") >= 1
 
 
 async def test_realtime_call_hangup_and_sideband_work_from_either_worker(server: ServerProcess) -> None:
