@@ -57,6 +57,13 @@ def test_ids_carry_their_worker_only_when_there_are_several() -> None:
         worker_ids.set_current(None)
 
 
+def test_workers_below_one_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from livekit_omni.cli import main
+
+    assert main(["serve", "--workers", "0"]) == 2
+    assert "--workers must be at least 1" in capsys.readouterr().err
+
+
 def test_metrics_of_the_workers_merge_with_a_worker_label() -> None:
     one = '# HELP x_total X\n# TYPE x_total counter\nx_total{k="a"} 2.0\n# HELP g G\n# TYPE g gauge\ng 1.0\n'
     two = '# HELP x_total X\n# TYPE x_total counter\nx_total{k="a"} 5.0\n'
