@@ -29,6 +29,13 @@ What it measures
     The echo (frames above -40 dBFS at the caller) is reported as a sanity check, not part of the criterion.
     ``max_sessions_realtime`` is the largest N that met it. All three processes share this machine's cores, so
     the CPU of each is reported: the figure is what one box holds, not the media plane's limit alone.
+    ``--workers 1,2``: instead of peers in this process, (c) runs against a real ``livekit-omni serve --workers N``
+    (loopback engine) for each N in turn: the callers post Live WebRTC offers to ``/v1/live/sessions``, one fresh
+    connection each, so the kernel spreads them over the workers (each row shows the split). Real time is the same
+    caller-side criterion, with the server's side taken from ``/metrics`` (caller audio received, all workers,
+    ≥ 98 % of real time per session). Server CPU is the parent and its workers (one process with N = 1), never the
+    engine. The JSON adds ``max_sessions_by_workers`` and ``server_cpu_pct_per_session_by_workers`` (at each
+    count's largest real-time step, % of one core) and the rows under ``sessions_workers<N>``.
 (d) ``--jitter``: one-way caller → server latency for aiortc receive jitter-buffer prefetch values, with
     ``media.webrtc.AudioJitterBuffer``: a caller sends 100 ms tone bursts every 500 ms; latency is from the
     moment the burst's first frame is handed to aiortc to the moment the server's ingress writer sees it.
@@ -38,6 +45,7 @@ The last stdout line is one JSON object: ``decode_us_per_frame``, ``encode_us_pe
 ``machine_cpu_pct`` there is the whole machine's busy CPU in % of one core, other users' work included).
 
     .venv/bin/python benchmarks/media_plane.py [--frames 5000] [--max-sessions 48] [--window 10] [--jitter]
+        [--workers 1,2]
 """
 
 from __future__ import annotations
@@ -48,26 +56,31 @@ import contextlib
 import fractions
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import av
 import numpy as np
 import psutil
 from _common import ROOT, finish, pct  # also puts the repository root on sys.path
 from aiortc.codecs.opus import OpusEncoder as AiortcOpusEncoder
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine_bridge import protocol as p
 from engine_bridge.client import EngineClient, EngineSession
 from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE
 from engine_bridge.ring import RingPair
 from livekit_omni.testing.webrtc_caller import WebRTCCaller
+from livekit_omni.worker_ids import owner_of
 from media.codecs import OpusDecoder, OpusEncoder
 from media.egress import EgressPlayer
 from media.ingress import IngressWriter, frame_to_mono_pcm16
@@ -364,19 +377,43 @@ async def run_step(
     return result
 
 
-async def client_worker(sock_path: str, n: int, warmup: float, window: float) -> None:
+async def client_worker(signal: str, n: int, warmup: float, window: float) -> None:
+    """``n`` callers; ``signal`` is this benchmark's Unix signalling socket, or (``http://...``) a server whose
+    ``POST /v1/live/sessions`` answers the offers, one fresh connection each (so the kernel spreads them over
+    the server's workers)."""
     enable_loopback_ice()
     t = np.arange(48_000) / 48_000
     tone = (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16)
-    reader, writer = await asyncio.open_unix_connection(sock_path)
+    served = signal.startswith("http://")
+    writer: asyncio.StreamWriter | None = None
+    if not served:
+        reader, writer = await asyncio.open_unix_connection(signal)
     callers: list[WebRTCCaller] = []
+    owners: list[int | None] = []
     for _ in range(n):
         c = WebRTCCaller(
-            tone, loop=True, datachannel=None, record_audio=False, record_seconds=warmup + window + 10
+            tone,
+            loop=True,
+            datachannel="oai-events" if served else None,
+            record_audio=False,
+            record_seconds=warmup + window + 10,
         )
-        writer.write((json.dumps({"offer": await c.offer()}) + "\n").encode())
-        await writer.drain()
-        answer = json.loads(await reader.readline())["answer"]
+        if served:
+            body = {"session": {"model": "m"}, "transport": {"type": "webrtc", "sdp": await c.offer()}}
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(signal + "/v1/live/sessions", json=body) as r,
+            ):
+                reply = await r.json()
+                if r.status != 200:
+                    raise RuntimeError(f"offer refused: {r.status} {reply}")
+            answer = reply["transport"]["sdp"]
+            owners.append(owner_of(reply["session"]["id"]))
+        else:
+            assert writer is not None
+            writer.write((json.dumps({"offer": await c.offer()}) + "\n").encode())
+            await writer.drain()
+            answer = json.loads(await reader.readline())["answer"]
         await c.accept(answer)
         callers.append(c)
     with contextlib.suppress(TimeoutError):
@@ -396,15 +433,20 @@ async def client_worker(sock_path: str, n: int, warmup: float, window: float) ->
         g = np.diff(times) * 1000 if len(times) > 1 else np.array([1e9])
         gaps.append(float(np.percentile(g, 95)))
         echo.append(float(np.mean([lv > -40 for _, lv in arr])) if arr else 0.0)
-    result = {
+    result: dict[str, Any] = {
         "connected": connected,
         "rx_fps_min": min(fps),
         "rx_fps_mean": float(np.mean(fps)),
         "gap_p95_ms_max": max(gaps),
         "echo_frac_min": min(echo),
     }
+    if served:
+        # A single server's ids carry no worker tag: all its sessions are worker 0's.
+        tags = ["0" if w is None else str(w) for w in owners]
+        result["sessions_by_worker"] = {w: tags.count(w) for w in sorted(set(tags))}
     print(json.dumps({"event": "result", "result": result}), flush=True)
-    writer.close()
+    if writer is not None:
+        writer.close()
     for c in callers:
         await c.close()
 
@@ -442,6 +484,171 @@ async def bench_sessions(args: argparse.Namespace) -> tuple[int, list[dict[str, 
         proc.terminate()
         try:
             proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return best, rows
+
+
+# --- (c) with --workers: the same callers against a real ``livekit-omni serve --workers N`` -----------------
+
+
+def start_served(workers: int, max_sessions: int, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A real server (loopback engine, 127.0.0.1 ICE only) with ``workers`` media processes; returns when ready."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    env = {
+        **os.environ,
+        "LIVEKIT_OMNI_ENGINE__ADDRESS": f"unix:{tmp}/engine-w{workers}.sock",
+        "LIVEKIT_OMNI_ENGINE__MAX_SESSIONS": str(max_sessions),
+        "LIVEKIT_OMNI_ENGINE__LOOPBACK_DELAY_MS": "100",
+        "LIVEKIT_OMNI_WEBRTC__LOOPBACK_ONLY": "true",
+        "LIVEKIT_OMNI_LOG_LEVEL": "WARNING",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    log_path = tmp / f"server-w{workers}.log"
+    cmd = [sys.executable, "-m", "livekit_omni.cli", "serve", "--port", str(port), "--adapter", "loopback"]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([*cmd, "--workers", str(workers)], cwd=ROOT, env=env, stdout=log, stderr=log)
+    deadline = time.monotonic() + 120
+    while "livekit-omni engine ready:" not in log_path.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"server with {workers} workers did not start:\n{log_path.read_text()}")
+        time.sleep(0.1)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _get_json(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return dict(json.loads(r.read()))
+
+
+def _audio_in_seconds(url: str) -> float:
+    """Caller audio the server received, summed over its workers (``livekit_omni_audio_in_seconds_total``)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "livekit_omni_audio_in_seconds_total"
+    )
+
+
+def _server_processes(proc: subprocess.Popen[bytes], engine_pid: int) -> list[psutil.Process]:
+    """The serving processes: the parent and its workers (one process with --workers 1), not the engine."""
+    root = psutil.Process(proc.pid)
+    return [root] + [c for c in root.children(recursive=True) if c.pid != engine_pid]
+
+
+def _cpu_s(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for p_ in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += sum(p_.cpu_times()[:2])
+    return total
+
+
+async def run_served_step(
+    n: int, url: str, server: list[psutil.Process], engine_pid: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--client-worker",
+        url,
+        str(n),
+        str(args.warmup),
+        str(args.window),
+        stdout=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+    )
+    engine = psutil.Process(engine_pid)
+    client_ps = psutil.Process(proc.pid)
+    result: dict[str, Any] = {"n": n}
+    snap: dict[str, Any] = {}
+    try:
+        assert proc.stdout is not None
+        while True:
+            raw = await asyncio.wait_for(proc.stdout.readline(), timeout=args.warmup + args.window + 60 + n)
+            if not raw:
+                raise RuntimeError("client worker exited early")
+            msg = json.loads(raw)
+            if msg.get("event") == "window_start":
+                psutil.cpu_percent(interval=None)
+                snap = {
+                    "t": time.monotonic(),
+                    "server": _cpu_s(server),
+                    "engine": sum(engine.cpu_times()[:2]),
+                    "client": sum(client_ps.cpu_times()[:2]),
+                    "audio_in": await asyncio.to_thread(_audio_in_seconds, url),
+                }
+            elif msg.get("event") == "window_end":
+                dt = time.monotonic() - snap["t"]
+                audio_in = await asyncio.to_thread(_audio_in_seconds, url)
+                server_cpu = 100 * (_cpu_s(server) - snap["server"]) / dt
+                result.update(
+                    server_cpu_pct=server_cpu,
+                    server_cpu_pct_per_session=server_cpu / n,
+                    engine_cpu_pct=100 * (sum(engine.cpu_times()[:2]) - snap["engine"]) / dt,
+                    client_cpu_pct=100 * (sum(client_ps.cpu_times()[:2]) - snap["client"]) / dt,
+                    machine_cpu_pct=psutil.cpu_percent(interval=None) * psutil.cpu_count(),
+                    # Seconds of caller audio per second per session, all workers together.
+                    server_rx_rate=(audio_in - snap["audio_in"]) / dt / n,
+                )
+            elif msg.get("event") == "result":
+                result.update(msg["result"])
+                break
+        await asyncio.wait_for(proc.wait(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    result["realtime"] = bool(
+        result.get("connected") == n
+        and result.get("rx_fps_min", 0) >= REALTIME_FPS
+        and result.get("gap_p95_ms_max", 1e9) < REALTIME_P95_GAP_MS
+        and result.get("server_rx_rate", 0) >= REALTIME_FPS / 50
+    )
+    return result
+
+
+async def bench_served(args: argparse.Namespace, workers: int) -> tuple[int, list[dict[str, Any]]]:
+    tmp = Path(tempfile.mkdtemp(prefix="lko-mpw-"))
+    proc, url = start_served(workers, max(args.max_sessions, 1) + 4, tmp)
+    rows: list[dict[str, Any]] = []
+    best = 0
+    start = time.monotonic()
+    try:
+        engine_pid = int((await asyncio.to_thread(_get_json, url + "/health"))["engine"]["pid"])
+        server = _server_processes(proc, engine_pid)
+        assert len(server) == (1 if workers == 1 else workers + 1), [p_.cmdline() for p_ in server]
+        for n in [s for s in STEPS if s <= args.max_sessions]:
+            step_estimate = args.warmup + args.window + 3 + 0.15 * n
+            if time.monotonic() - start + step_estimate > args.time_cap:
+                print(f"  (stopping before N={n}: time cap {args.time_cap:.0f} s)", flush=True)
+                break
+            row = await run_served_step(n, url, server, engine_pid, args)
+            rows.append(row)
+            split = " ".join(f"w{w}:{v}" for w, v in sorted(row.get("sessions_by_worker", {}).items()))
+            print(
+                f"  workers={workers} N={n:3d}  to caller {row.get('rx_fps_min', 0):4.1f}/s"
+                f"  gap p95 {row.get('gap_p95_ms_max', 0):5.1f} ms  to server {50 * row.get('server_rx_rate', 0):4.1f}/s"
+                f"  echo {100 * row.get('echo_frac_min', 0):3.0f}%  split {split:11s}  CPU% server"
+                f" {row.get('server_cpu_pct', 0):3.0f} ({row.get('server_cpu_pct_per_session', 0):4.1f}/session)"
+                f" engine {row.get('engine_cpu_pct', 0):3.0f} client {row.get('client_cpu_pct', 0):3.0f}"
+                f" machine {row.get('machine_cpu_pct', 0):3.0f}  {'real time' if row['realtime'] else 'LATE'}",
+                flush=True,
+            )
+            if not row["realtime"]:
+                break
+            best = n
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
     return best, rows
@@ -544,12 +751,18 @@ def main() -> None:
         default="media",
         help="who encodes outgoing audio (EgressTrack)",
     )
+    ap.add_argument(
+        "--workers",
+        default=None,
+        metavar="N,N,...",
+        help="run (c) against a real `livekit-omni serve --workers N` for each N instead of in-process peers",
+    )
     ap.add_argument("--skip-sessions", action="store_true")
     ap.add_argument("--skip-cpu", action="store_true", help="skip (a)/(b)")
     ap.add_argument("--jitter", action="store_true", help="also measure jitter-buffer prefetch latency")
     ap.add_argument("--jitter-only", action="store_true")
     ap.add_argument(
-        "--client-worker", nargs=4, metavar=("SOCK", "N", "WARMUP", "WINDOW"), help=argparse.SUPPRESS
+        "--client-worker", nargs=4, metavar=("SIGNAL", "N", "WARMUP", "WINDOW"), help=argparse.SUPPRESS
     )
     args = ap.parse_args()
 
@@ -572,6 +785,32 @@ def main() -> None:
     if not args.skip_cpu:
         report_cpu(args.frames, result)
     best = 0
+    if args.workers and not args.skip_sessions:
+        counts = [int(x) for x in args.workers.split(",")]
+        print(
+            f"(c) concurrent WebRTC sessions against `livekit-omni serve --workers N` on 127.0.0.1 (Live WebRTC "
+            f"offers, loopback engine; real time = every session ≥ {REALTIME_FPS:.0f} frames/s to the caller, p95 "
+            f"gap < {REALTIME_P95_GAP_MS:.0f} ms, and the server receiving ≥ {REALTIME_FPS:.0f} frames/s per "
+            f"session over {args.window:.0f} s; server CPU = parent + workers, not the engine; "
+            f"{psutil.cpu_count()} CPUs shared by all)"
+        )
+        by_workers: dict[str, int] = {}
+        per_session: dict[str, float | None] = {}
+        for w in counts:
+            w_best, steps = asyncio.run(bench_served(args, w))
+            by_workers[str(w)] = w_best
+            at_best = [r for r in steps if r["n"] == w_best]
+            per_session[str(w)] = at_best[0]["server_cpu_pct_per_session"] if at_best else None
+            result[f"sessions_workers{w}"] = [
+                {k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()} for r in steps
+            ]
+            print(f"  workers={w}: max sessions in real time {w_best}", flush=True)
+        result["max_sessions_by_workers"] = by_workers
+        # At each worker count's largest real-time step (% of one core per session).
+        result["server_cpu_pct_per_session_by_workers"] = per_session
+        result["max_sessions_realtime"] = max(by_workers.values(), default=0)
+        finish(result)
+        return
     if not args.skip_sessions:
         print(
             f"(c) concurrent WebRTC sessions on 127.0.0.1 (engine: loopback fixture; encoder: {args.encoder}; "

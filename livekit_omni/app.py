@@ -22,6 +22,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from livekit_omni import routing, worker_ids
 from livekit_omni.auth import AuthMiddleware
 from livekit_omni.chat import routes as chat_routes
 from livekit_omni.drain import Drain
@@ -42,6 +43,9 @@ async def health(request: Request) -> Response:
     await sup.refresh()
     body = sup.health()
     body["uptime_s"] = round(time.monotonic() - request.app.state.started_at, 1)
+    ident = worker_ids.current()
+    if ident is not None:
+        body["worker"] = {"index": ident.index, "count": ident.count}
     drain: Drain = request.app.state.drain
     if not drain.admitting:
         # 503 takes a draining server out of a load balancer's rotation; open sessions still run.
@@ -77,6 +81,15 @@ async def metrics(request: Request) -> Response:
     m: Metrics = request.app.state.metrics
     sup: EngineSupervisor = request.app.state.supervisor
     m.engine_restarts.set(sup.restarts)
+
+    async def local() -> str:
+        return generate_latest(m.registry).decode()
+
+    if not routing.is_relayed_request(request.scope):
+        # Several workers: one scrape shows them all, each sample labelled with its worker.
+        merged = await routing.gather_metrics(request.app, local, request.headers.get("authorization", ""))
+        if merged is not None:
+            return Response(merged, media_type=CONTENT_TYPE_LATEST)
     return PlainTextResponse(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -102,7 +115,12 @@ def create_app(settings: Settings, *, supervisor: EngineSupervisor | None = None
             if closer is not None:
                 await closer()
             await sup.stop()
+            if relay is not None:
+                await relay.close()
 
+    metrics_ = Metrics()
+    ident = worker_ids.current()
+    relay = routing.Relay(ident, metrics_) if ident is not None else None
     routes: list[BaseRoute] = [
         Route("/health", health),
         Route("/v1/models", models),
@@ -119,6 +137,8 @@ def create_app(settings: Settings, *, supervisor: EngineSupervisor | None = None
         routes=routes,
         lifespan=lifespan,
         middleware=[
+            # Outermost: a request for another worker's session goes there before anything here looks at it.
+            *([Middleware(routing.WorkerRouter, relay=relay)] if relay is not None else []),
             Middleware(
                 CORSMiddleware,
                 allow_origins=settings.cors_origins,
@@ -130,9 +150,10 @@ def create_app(settings: Settings, *, supervisor: EngineSupervisor | None = None
     )
     app.state.settings = settings
     app.state.supervisor = sup
-    app.state.metrics = Metrics()
+    app.state.metrics = metrics_
     app.state.started_at = time.monotonic()
     app.state.drain = Drain(settings.drain_grace_s)
+    app.state.relay = relay
     return app
 
 

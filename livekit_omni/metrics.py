@@ -98,5 +98,11 @@ class Metrics:
         self.engine_restarts = Gauge(
             "livekit_omni_engine_restarts", "Engine restarts since start", registry=r
         )
+        self.relayed_requests = Counter(
+            "livekit_omni_relayed_requests",
+            "Requests for another worker's session relayed to it (serve --workers), by what was relayed",
+            ["kind"],
+            registry=r,
+        )
         self.media_losses = MediaLosses()
         r.register(self.media_losses)

@@ -14,6 +14,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Final, Generic, TypeVar
 
+from livekit_omni import worker_ids
 from livekit_omni.live import wire
 
 #: Spent tokens remembered, so that a second use is told apart from a wrong token (oldest forgotten first).
@@ -38,7 +39,7 @@ class ResumeTokens(Generic[S]):
         return len(self._live)
 
     def issue(self, session: S) -> str:
-        token = secrets.token_urlsafe(24)
+        token = worker_ids.tagged(secrets.token_urlsafe(24))
         self._live[token] = session
         return token
 

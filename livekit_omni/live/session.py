@@ -34,6 +34,7 @@ from engine_bridge import protocol as p
 from engine_bridge.client import EngineSession
 from engine_bridge.control import ControlError, EngineLostError, EngineRequestError
 from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE, FRAME_MS
+from livekit_omni import worker_ids
 from livekit_omni.live import wire
 from livekit_omni.live.backpressure import InputBudget, InputVerdict
 from livekit_omni.live.eventlog import event_log
@@ -314,7 +315,7 @@ class LiveSession:
         self.settings = hub.settings
         self.metrics = hub.metrics
         self.accepts_start = accepts_start
-        self.id = "live_" + secrets.token_hex(12)
+        self.id = "live_" + worker_ids.tagged(secrets.token_hex(12))
         self.state = "new"  # new -> opening -> active -> closed
         self.config: wire.ResolvedConfig | None = None
         self.engine: EngineSession | None = None

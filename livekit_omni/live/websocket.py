@@ -17,6 +17,7 @@ from typing import Final
 
 from starlette.websockets import WebSocket
 
+from livekit_omni import routing
 from livekit_omni.auth import bearer_token, key_is_valid
 from livekit_omni.drain import DRAINING_CODE, DRAINING_MESSAGE, Drain
 from livekit_omni.live import wire
@@ -145,6 +146,7 @@ async def live_websocket(ws: WebSocket) -> None:
     session = LiveSession(hub, transport)
     limit = hub.settings.limits.max_message_bytes
     client_close_code: int | None = None
+    relayed = False
     try:
         if not key_is_valid(hub.settings, bearer_token(ws.headers)):
             session.state = "closed"
@@ -191,6 +193,14 @@ async def live_websocket(ws: WebSocket) -> None:
             if session.state == "new" and not drain.admitting:
                 await _refuse_draining(session, transport)
                 return
+            owner = routing.resume_owner(data) if session.state == "new" else None
+            if owner is not None and await routing.relay_accepted_websocket(
+                ws.app, ws.scope, ws.receive, ws.send, owner, data
+            ):
+                # Another worker holds the session (--workers): the connection was relayed there and is over.
+                session.state = "closed"
+                relayed = True
+                return
             await session.handle_text(data)
             if session.successor is not None:
                 # session.resume: this connection now belongs to the resumed session.
@@ -203,13 +213,17 @@ async def live_websocket(ws: WebSocket) -> None:
         if task is not None:
             task.uncancel()
     finally:
-        hub.losses["events_unread"] += transport.unread
-        # Detached for a resume (resume_grace_s), or ended. A client that stopped reading is not kept: what its
-        # full queue held is lost, so a resume could not give it the session's output exactly.
-        deliberate = client_close_code in DELIBERATE_CLOSE_CODES
-        await session.transport_lost(transport, may_detach=not transport.aborted and not deliberate)
-        await transport.close(CLOSE_TRY_AGAIN if transport.aborted else 1000)
-        await transport.wait_closed()
+        if relayed:
+            # The relay sent the owner's close; no session was opened here.
+            await transport.close(1000)
+        else:
+            hub.losses["events_unread"] += transport.unread
+            # Detached for a resume (resume_grace_s), or ended. A client that stopped reading is not kept: what its
+            # full queue held is lost, so a resume could not give it the session's output exactly.
+            deliberate = client_close_code in DELIBERATE_CLOSE_CODES
+            await session.transport_lost(transport, may_detach=not transport.aborted and not deliberate)
+            await transport.close(CLOSE_TRY_AGAIN if transport.aborted else 1000)
+            await transport.wait_closed()
 
 
 async def receive_messages(

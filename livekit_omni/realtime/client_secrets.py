@@ -18,6 +18,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from livekit_omni import worker_ids
 from livekit_omni.auth import EPHEMERAL_KEY_PREFIX as PREFIX
 from livekit_omni.realtime import wire
 from livekit_omni.realtime.config import RealtimeConfig
@@ -68,7 +69,7 @@ class EphemeralKeys:
         self._expire(now)
         while len(self._keys) >= MAX_KEYS:
             self._keys.pop(next(iter(self._keys)))
-        key = EphemeralKey(PREFIX + secrets.token_urlsafe(24), now + ttl_s, session)
+        key = EphemeralKey(PREFIX + worker_ids.tagged(secrets.token_urlsafe(24)), now + ttl_s, session)
         self._keys[key.value] = key
         return key
 

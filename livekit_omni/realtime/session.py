@@ -40,6 +40,7 @@ from engine_bridge import protocol as p
 from engine_bridge.client import EngineSession
 from engine_bridge.control import ControlError, EngineLostError, EngineRequestError
 from engine_bridge.formats import FRAME_MS
+from livekit_omni import worker_ids
 from livekit_omni.live import wire as live_wire
 from livekit_omni.live.backpressure import InputBudget, InputVerdict
 from livekit_omni.live.session import (
@@ -150,7 +151,7 @@ class RealtimeSession:
         self.transport = transport
         self.settings = hub.settings
         self.metrics = hub.metrics
-        self.id = "sess_" + secrets.token_hex(12)
+        self.id = "sess_" + worker_ids.tagged(secrets.token_hex(12))
         self.state = "new"  # new -> active (engine open) -> closed
         self.config = RealtimeConfig(model=model or self.settings.model_name)
         self.expires_at = int(time.time() + self.settings.limits.session_lifetime_s)
