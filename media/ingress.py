@@ -68,13 +68,13 @@ class IngressWriter:
         self._resamplers: dict[int, Resampler] = {}
         self._closed = False
         #: Samples (at the engine rate) written to the ring, dropped because the ring was full, and the number of
-        #: dropped pieces; input calls; the level of the latest input in dBFS.
+        #: dropped pieces; input calls.
         self.samples_written = 0
         self.samples_dropped = 0
         self.overruns = 0
         self.chunks_in = 0
         self.frames_in = 0
-        self.last_level_dbfs = -120.0
+        self._latest: np.ndarray | None = None
 
     # --- configuration ---------------------------------------------------------------------------------------
     def set_format(self, encoding: AudioEncoding | str, rate: int | None = None) -> None:
@@ -90,6 +90,13 @@ class IngressWriter:
             r = G711_RATE
         self.encoding = enc
         self.rate = r
+
+    @property
+    def last_level_dbfs(self) -> float:
+        """The level of the latest input in dBFS (-120 before any). Measured when asked, not per write: only the
+        stats read it, and per frame it would cost more than the ring write (it holds a reference to that input,
+        so a caller that overwrites its buffer afterwards sees the level of what it wrote there since)."""
+        return -120.0 if self._latest is None else rms_dbfs(self._latest)
 
     # --- input paths ------------------------------------------------------------------------------------------
     def write(self, data: bytes | bytearray | memoryview | np.ndarray) -> int:
@@ -121,7 +128,7 @@ class IngressWriter:
             return 0
         if pcm.shape[0] == 0:
             return 0
-        self.last_level_dbfs = rms_dbfs(pcm)
+        self._latest = pcm
         out = self._resampler(rate).process(pcm)
         return self._write_ring(out)
 

@@ -284,6 +284,43 @@ async def test_pacer_catches_up_short_stalls_and_skips_long_ones() -> None:
     assert await pacer.tick() == pytest.approx(100.38, abs=1e-9)  # sleeps 15 ms of real time
 
 
+async def test_pacer_nudge_releases_the_pending_tick_at_most_early_s_before_its_deadline() -> None:
+    now = [100.0]
+    pacer = Pacer(0.02, clock=lambda: now[0], early_s=0.02)
+    assert not pacer.nudge()  # nothing pending
+    assert await pacer.tick() == 100.0
+    pending = asyncio.create_task(pacer.tick())
+    await asyncio.sleep(0)  # now waiting for the 100.02 deadline (its timer is 20 ms of real time away)
+    now[0] = 99.9999  # more than early_s before the deadline
+    assert not pacer.nudge() and not pending.done()
+    now[0] = 100.001
+    assert pacer.nudge()
+    assert await pending == pytest.approx(100.02, abs=1e-9)  # the tick's own deadline, delivered early
+    assert pacer.early == 1 and pacer.late == 0
+    assert not pacer.nudge()  # released once
+    # The grid did not move: the next tick is the next slot, and one more nudge releases it just as early.
+    assert pacer.next_deadline == pytest.approx(100.04, abs=1e-9)
+    now[0] = 100.021
+    pending = asyncio.create_task(pacer.tick())
+    await asyncio.sleep(0)
+    assert pacer.nudge()
+    assert await pending == pytest.approx(100.04, abs=1e-9)
+
+
+async def test_pacer_with_early_release_keeps_its_grid_on_the_timer_when_not_nudged() -> None:
+    pacer = Pacer(0.02, early_s=0.02)
+    t0 = time.monotonic()
+    deadlines = [await pacer.tick() for _ in range(11)]
+    elapsed = time.monotonic() - t0
+    assert deadlines == pytest.approx([deadlines[0] + 0.02 * k for k in range(11)], abs=1e-9)
+    assert 0.19 <= elapsed < 0.40 and pacer.early == 0
+
+
+def test_pacer_rejects_releasing_more_than_one_interval_early() -> None:
+    with pytest.raises(ValueError):
+        Pacer(0.02, early_s=0.03)
+
+
 async def test_pacer_never_blocks_the_loop() -> None:
     pacer = Pacer(0.02)
     ticks = 0

@@ -175,3 +175,35 @@ async def test_losing_the_engine_closes_the_agent_session_with_an_error() -> Non
         await model.aclose()
     finally:
         eng.stop()
+
+
+async def test_open_session_writes_caller_frames_in_push_audio_and_ticks_the_output_with_them(
+    engine: EngineProcess, client: EngineClient
+) -> None:
+    model = OmniDuplexModel(engine_address=engine.address)
+    s = model.session()
+    assert isinstance(s, ColocatedSession)
+    await configure(s)
+    assert await asyncio.wait_for(s.wait_ready(), 10)
+    got: list[float] = []
+
+    async def read() -> None:
+        async for _ in s.audio_stream:
+            got.append(time.monotonic())
+
+    reader = asyncio.create_task(read())
+    await asyncio.sleep(0.1)
+    frame = rtc.AudioFrame(tone(0.02, 48_000).tobytes(), 48_000, 1, 960)
+    for _ in range(25):
+        before = s.stats()["ingress"]["samples_written"]
+        s.push_audio(frame)
+        # Into the ring within the call (no hop to another task), resampled to 16 kHz.
+        assert s.stats()["ingress"]["samples_written"] - before == 320
+        await asyncio.sleep(0.02)
+    # One output frame per caller frame, each released by the caller frame's arrival (none by the timer once
+    # the phases locked), still 50 a second.
+    assert s._pacer.early >= 20
+    assert len(got) == pytest.approx(30, abs=3)
+    reader.cancel()
+    await s.aclose()
+    await model.aclose()

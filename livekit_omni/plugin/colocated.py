@@ -1,10 +1,17 @@
 """The co-located connection: the agent process drives an engine session on the same host directly.
 
-Data plane: caller frames from ``push_audio`` are queued (bounded, drop-oldest) and a task resamples them into
-the session's shared-memory ingress ring with :class:`media.ingress.IngressWriter`. The output stream is an
-:class:`media.egress.EgressPlayer` read once per 20 ms tick of a :class:`media.pacer.Pacer`: one 24 kHz frame per
-tick, digital zeros between utterances, stale-epoch audio dropped within a frame of a barge-in, the playout
-position reported back to the engine, and the model's words released with the frame that plays them.
+Data plane: once the session is open, ``push_audio`` resamples each caller frame straight into the session's
+shared-memory ingress ring with :class:`media.ingress.IngressWriter` (bounded work that never waits: a full ring
+drops the frame and counts it). Frames pushed before that, or behind such a backlog, are queued (bounded,
+drop-oldest) and a task writes them in order. The output stream is an :class:`media.egress.EgressPlayer` read once
+per 20 ms tick of a :class:`media.pacer.Pacer`: one 24 kHz frame per tick, digital zeros between utterances,
+stale-epoch audio dropped within a frame of a barge-in, the playout position reported back to the engine, and the
+model's words released with the frame that plays them.
+
+Wake-ups: a caller frame arriving less than a frame before the next output tick releases that tick at once
+(``Pacer.nudge``), so while the caller's audio flows the process wakes once per 20 ms for both directions
+instead of twice; the output frame leaves up to one frame early, never late, and the pacer's own timer takes over
+when the caller's frames stop.
 
 The writer, the player, the engine event pump and the keep-alive belong to the session's
 :class:`media.bridge.SessionBridge`, as for the Live facade's sessions (one keep-alive rule: see there).
@@ -28,7 +35,7 @@ from livekit.agents import llm, utils
 from engine_bridge import protocol as p
 from engine_bridge.client import EngineSession
 from engine_bridge.control import ControlError, EngineRequestError
-from engine_bridge.formats import ENGINE_OUTPUT_RATE
+from engine_bridge.formats import ENGINE_OUTPUT_RATE, FRAME_MS
 from livekit_omni.plugin.gate import IN_REPLY
 from livekit_omni.plugin.log import logger
 from livekit_omni.plugin.session import (
@@ -75,6 +82,8 @@ class ColocatedSession(OmniSession):
         self._usage_seconds = 0.0
         #: The engine's reply in progress (ReplyStarted seen, no ReplyDone yet): its frames are marked for OmniGate.
         self._reply_turn: int | None = None
+        #: The output clock; caller frames nudge it (see the module docstring).
+        self._pacer = Pacer(early_s=FRAME_MS / 1000)
         self._main = asyncio.create_task(self._run(), name="omni.colocated.main")
 
     # --- DuplexSession ------------------------------------------------------------------------------------------
@@ -89,6 +98,16 @@ class ColocatedSession(OmniSession):
     async def wait_ready(self) -> bool:
         await self._open_done.wait()
         return self._es is not None and not self._es.closed
+
+    def push_audio(self, frame: rtc.AudioFrame) -> None:
+        writer = self._writer
+        if writer is not None and not self._input and not self._stream_closed:
+            # Nothing queued ahead of it: into the ring now. The hop to the input task would do the same work on
+            # the same loop a moment later, plus the hop.
+            self._write_input(writer, frame)
+        else:
+            self._input.put(frame)
+        self._pacer.nudge()
 
     def interrupt(self) -> None:
         """Stop the model's speech now (the engine bumps the epoch; queued audio is dropped within a frame)."""
@@ -216,11 +235,16 @@ class ColocatedSession(OmniSession):
             await utils.aio.cancel_and_wait(*helpers)
 
     async def _pump_input(self, writer: IngressWriter) -> None:
+        """Writes the frames queued before the writer ran (or behind them), in order; later ones go directly."""
         while (frame := await self._input.get()) is not None:
-            try:
-                writer.write_pcm16(frame_to_mono_pcm16(frame), frame.sample_rate)
-            except (TypeError, ValueError) as e:
-                logger.warning("dropping a caller frame the engine cannot take: %s", e)
+            self._write_input(writer, frame)
+
+    @staticmethod
+    def _write_input(writer: IngressWriter, frame: rtc.AudioFrame) -> None:
+        try:
+            writer.write_pcm16(frame_to_mono_pcm16(frame), frame.sample_rate)
+        except (TypeError, ValueError) as e:
+            logger.warning("dropping a caller frame the engine cannot take: %s", e)
 
     async def _pump_commands(self, es: EngineSession) -> None:
         while True:
@@ -308,7 +332,7 @@ class ColocatedSession(OmniSession):
         player = self._player
         if player is None:
             return  # the open failed (reported as an unrecoverable error) or the session closed first
-        pacer = Pacer()
+        pacer = self._pacer
         samples = player.frame_samples
         while not self._stream_closed:
             await pacer.tick()
