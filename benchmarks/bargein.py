@@ -86,7 +86,7 @@ class RingWatcher(threading.Thread):
 
     def run(self) -> None:
         while not self._stop.is_set() and self.bumped_at is None:
-            if self.ducked_at is None and self.ring.gain() < 1.0:
+            if self.ducked_at is None and self.ring.gain < 1.0:
                 self.ducked_at = time.monotonic()
             if self.ring.epoch != self.start_epoch:
                 self.bumped_at = time.monotonic()
