@@ -103,12 +103,14 @@ async def test_two_spoken_turns_and_a_barge_in(engine: EngineProcess, client: En
             t for t, f in conv.speaker.frames if t_barge + 0.1 < t < next_reply_start - 0.05 and _loud(f)
         ]
         assert not stale, f"{len(stale)} loud frames played after the barge-in"
-        # The story's message holds only what was played: the words the engine kept (those whose audio fully
-        # played), plus at most the word that was playing when the caller cut in.
+        # The story's message holds only what was played.
         story, question = assistant_between(conv.rec, story_from)
         following = assistant_between(conv.rec, question + 1)[0]
         told, kept = words(story), words(story_done.text)
-        assert told[: len(kept)] == kept and len(told) - len(kept) <= 1, (story, story_done.text)
+        # The engine keeps what the caller heard at full level: a prefix of the message, which also holds the words
+        # that played under the duck until the interruption was confirmed (at most 1 s of the caller's speech,
+        # the backchannel check's bound: ~4 of Piper's words) and the word in flight.
+        assert kept and told[: len(kept)] == kept and len(told) - len(kept) <= 5, (story, story_done.text)
         assert 0 < len(told) < 30 and barge.played_ms > 1000
         # The next answer follows the caller's interrupting question.
         assert words(following), conv.rec.summary()
