@@ -68,8 +68,6 @@ log = logging.getLogger(__name__)
 OUT_PIECE_SAMPLES: Final = ENGINE_OUTPUT_RATE // 10
 #: Energy gate for the commit of models that do not own turn-taking: a 20 ms frame above this RMS is speech.
 SPEECH_RMS: Final = 500.0
-#: The periodic work (acks) of the sessions is spread over this many phases of ``ack_interval_ms``.
-TICK_PHASES: Final = 4
 
 
 @dataclass(slots=True)
@@ -147,8 +145,6 @@ class OmniBridgeAdapter(ModelAdapter):
         self.sidecar = "unknown"
         self.refused = 0
         self._ticker: asyncio.Task[None] | None = None
-        #: Sessions opened so far: the next one's tick phase.
-        self._opened = 0
 
     # --- lifetime ------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -161,18 +157,11 @@ class OmniBridgeAdapter(ModelAdapter):
         self._ticker = asyncio.get_running_loop().create_task(self._tick_all(), name="omni-bridge-tick")
 
     async def _tick_all(self) -> None:
-        """One timer for every session's periodic work (not one per session: fewer wake-ups per unit). The
-        sessions are spread over ``TICK_PHASES`` phases of the interval, each session ticking once per interval:
-        all of them at once sent two frames per session in one burst, and the units arriving behind that burst
-        were the slowest of the bridge."""
-        every = self.omni.ack_interval_ms / 1000 / TICK_PHASES
-        phase = 0
+        """One timer for every session's periodic work (not one per session: fewer wake-ups per unit)."""
+        every = self.omni.ack_interval_ms / 1000
         while True:
             await asyncio.sleep(every)
-            phase = (phase + 1) % TICK_PHASES
             for bridge in list(self.bridges.values()):
-                if bridge.tick_phase != phase:
-                    continue
                 try:
                     bridge.tick()
                 except Exception:
@@ -264,8 +253,6 @@ class OmniBridgeAdapter(ModelAdapter):
                 barge_in_after_ms=pr.barge_in_after_ms if pr.barge_in else 0,
             ),
         )
-        bridge.tick_phase = self._opened % TICK_PHASES
-        self._opened += 1
         self.bridges[session.id] = bridge
 
     def close(self, session: DuplexSession) -> None:
@@ -381,8 +368,6 @@ class OmniSessionBridge:
         self.speech_start_ms = 0
         self.speech_end_ms = 0
         self.ended = False
-        #: Which of the adapter's ``TICK_PHASES`` this session's periodic work runs in.
-        self.tick_phase = 0
 
     def _new_resampler(self) -> soxr.ResampleStream | None:
         rate = self.preset.output_rate
