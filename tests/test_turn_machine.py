@@ -49,7 +49,7 @@ from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE, INPUT_F
 from engine_bridge.reply import NO_REPLY, TRANSITIONS, IllegalTransition, ReplyPhase
 from engine_bridge.ring import RingPair
 from engine_bridge.session import DuplexSession, InterruptRequest, TextAppend, TruncateRequest, WrittenAudio
-from engine_bridge.speech.asr import Transcriber, Word
+from engine_bridge.speech.asr import DEFAULT_DECODING, Decoding, Transcriber, Word
 from engine_bridge.speech.tts import Synthesizer
 from engine_bridge.speech.vad import SpeechStopped
 from engine_bridge.thinker.base import DecodingSettings
@@ -79,14 +79,9 @@ class ScriptedTranscriber(Transcriber):
         self.calls: list[tuple[str | None, bool, int | None]] = []
 
     def _run(
-        self,
-        pcm: npt.NDArray[np.int16],
-        *,
-        prompt: str | None = None,
-        word_times: bool = True,
-        max_tokens: int | None = None,
+        self, pcm: npt.NDArray[np.int16], decoding: Decoding = DEFAULT_DECODING
     ) -> tuple[str, tuple[Word, ...], bool]:
-        self.calls.append((prompt, word_times, max_tokens))
+        self.calls.append((decoding.prompt, decoding.word_times, decoding.max_tokens))
         return (self.texts.pop(0) if self.texts else ""), (), False
 
 

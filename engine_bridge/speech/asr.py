@@ -8,6 +8,7 @@ once would only make both late).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -16,7 +17,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -67,6 +68,25 @@ class Word:
     #: Relative to the start of the transcribed audio.
     start_ms: int
     end_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decoding:
+    """How one call decodes (the transcriber's own defaults unless a caller asks otherwise).
+
+    ``prompt``: text the model reads as what came before the audio, for this call only (whisper: its
+    ``initial_prompt``, which biases the words it expects; None: the transcriber's own). ``word_times=False``
+    skips measuring word times (a caller that needs only the words; the words are then spread evenly).
+    ``max_tokens`` bounds the decoded tokens below the transcriber's own bound (a caller that needs only the first
+    few words: a bound decodes faster, and whisper repeats a short word until its bound)."""
+
+    prompt: str | None = None
+    word_times: bool = True
+    max_tokens: int | None = None
+
+
+#: A caller's turn: word times measured, the transcriber's prompt and bound.
+DEFAULT_DECODING: Final = Decoding()
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,30 +144,16 @@ class Transcriber(ABC):
     def __init__(self) -> None:
         self._lock = threading.Lock()
 
-    def transcribe(
-        self,
-        pcm16k: npt.NDArray[np.int16],
-        *,
-        prompt: str | None = None,
-        word_times: bool = True,
-        max_tokens: int | None = None,
-    ) -> Transcript:
-        """Transcribe one utterance (int16 mono at 16 kHz). Silent or too-short audio gives an empty text.
-
-        ``prompt``: text the model reads as what came before the audio, for this call only (whisper: its
-        ``initial_prompt``, which biases the words it expects; None: the transcriber's own). ``word_times=False``
-        skips measuring word times (a caller that needs only the words; the words are then spread evenly).
-        ``max_tokens`` bounds the decoded tokens below the transcriber's own bound (a caller that needs only the
-        first few words: a bound decodes faster, and whisper repeats a short word until its bound)."""
+    def transcribe(self, pcm16k: npt.NDArray[np.int16], decoding: Decoding = DEFAULT_DECODING) -> Transcript:
+        """Transcribe one utterance (int16 mono at 16 kHz) as ``decoding`` says. Silent or too-short audio gives
+        an empty text."""
         pcm = _check_pcm(pcm16k)
         audio_ms = samples_to_ms(len(pcm), _RATE)
         if _is_silent(pcm):
             return Transcript(text="", audio_ms=audio_ms)
         with self._lock:
             t0 = time.perf_counter()
-            text, words, measured = self._run(
-                pcm, prompt=prompt, word_times=word_times, max_tokens=max_tokens
-            )
+            text, words, measured = self._run(pcm, decoding)
             elapsed = (time.perf_counter() - t0) * 1000.0
         return Transcript(
             text=text,
@@ -171,15 +177,10 @@ class Transcriber(ABC):
 
     @abstractmethod
     def _run(
-        self,
-        pcm: npt.NDArray[np.int16],
-        *,
-        prompt: str | None = None,
-        word_times: bool = True,
-        max_tokens: int | None = None,
+        self, pcm: npt.NDArray[np.int16], decoding: Decoding = DEFAULT_DECODING
     ) -> tuple[str, tuple[Word, ...], bool]:
-        """Decode non-silent audio (see :meth:`transcribe` for ``prompt``, ``word_times`` and ``max_tokens``);
-        return (text, words, whether the word times were measured)."""
+        """Decode non-silent audio as ``decoding`` says; return (text, words, whether the word times were
+        measured)."""
 
 
 class WhisperTranscriber(Transcriber):
@@ -254,16 +255,11 @@ class WhisperTranscriber(Transcriber):
         return self.window_frames(samples) * 10
 
     def _run(
-        self,
-        pcm: npt.NDArray[np.int16],
-        *,
-        prompt: str | None = None,
-        word_times: bool = True,
-        max_tokens: int | None = None,
+        self, pcm: npt.NDArray[np.int16], decoding: Decoding = DEFAULT_DECODING
     ) -> tuple[str, tuple[Word, ...], bool]:
         audio = pcm.astype(np.float32) * np.float32(1.0 / 32768.0)
         seconds = len(pcm) / _RATE
-        word_timestamps = self._word_timestamps and word_times
+        word_timestamps = self._word_timestamps and decoding.word_times
         # Set under the transcriber's lock, read by the encoder while the segments below are iterated.
         self._model.encoder_frames = self.window_frames(len(pcm))
         segments, _info = self._model.transcribe(
@@ -278,10 +274,12 @@ class WhisperTranscriber(Transcriber):
             # they lead it astray (a hum heard as "And then make some." with them, as "Mm-hm" without).
             without_timestamps=not word_timestamps,
             condition_on_previous_text=False,
-            initial_prompt=self.initial_prompt if prompt is None else prompt,
+            initial_prompt=self.initial_prompt if decoding.prompt is None else decoding.prompt,
             # Nobody says more than ~4 words (~6 tokens) a second; the bound stops a hallucinated repetition
             # loop on noise from decoding for seconds.
-            max_new_tokens=min(_WHISPER_MAX_TOKENS, int(16 + 8 * seconds), max_tokens or _WHISPER_MAX_TOKENS),
+            max_new_tokens=min(
+                _WHISPER_MAX_TOKENS, int(16 + 8 * seconds), decoding.max_tokens or _WHISPER_MAX_TOKENS
+            ),
         )
         texts: list[str] = []
         words: list[Word] = []
@@ -301,7 +299,7 @@ class WhisperTranscriber(Transcriber):
             # With timestamp tokens whisper sometimes ends a short clip without any segment where the plain
             # decode hears it ("planet?" said after a pause: ''; plain: "Planet..."), and the caller's turn was
             # lost. On noise the plain decode invents no more words than the timestamped one (tests/test_speech_asr.py).
-            return self._run(pcm, prompt=prompt, word_times=False, max_tokens=max_tokens)
+            return self._run(pcm, dataclasses.replace(decoding, word_times=False))
         return text, _even_words(text, samples_to_ms(len(pcm), _RATE)), False
 
 
@@ -352,12 +350,7 @@ class PocketsphinxTranscriber(Transcriber):
         self._decoder: Decoder = Decoder(samprate=float(_RATE), loglevel="FATAL")
 
     def _run(
-        self,
-        pcm: npt.NDArray[np.int16],
-        *,
-        prompt: str | None = None,
-        word_times: bool = True,
-        max_tokens: int | None = None,
+        self, pcm: npt.NDArray[np.int16], decoding: Decoding = DEFAULT_DECODING
     ) -> tuple[str, tuple[Word, ...], bool]:
         # pocketsphinx takes no prompt and no token bound, and always segments words (its times cost nothing extra).
         d = self._decoder

@@ -66,7 +66,7 @@ from engine_bridge.session import (
     TextAppend,
     TruncateRequest,
 )
-from engine_bridge.speech.asr import Transcript
+from engine_bridge.speech.asr import Decoding, Transcript
 from engine_bridge.speech.text import clean_for_tts, normalize_text, text_words
 from engine_bridge.speech.tts import OutputResampler, Synthesizer
 from engine_bridge.speech.vad import SpeechStarted, TurnDetector, TurnEvent
@@ -134,6 +134,10 @@ BACKCHANNEL_PROMPT: Final = "Mm-hm. Uh-huh. Yeah. Right. Okay."
 #: The check decodes no more than this: the first few words decide, and whisper, told to expect backchannels,
 #: repeats a short one ("Yeah. Yeah. Yeah. ...") up to its bound.
 BACKCHANNEL_MAX_TOKENS: Final = 12
+#: The check's decoding: only the words matter (no word times), and whisper is told backchannels come.
+BACKCHANNEL_DECODING: Final = Decoding(
+    prompt=BACKCHANNEL_PROMPT, word_times=False, max_tokens=BACKCHANNEL_MAX_TOKENS
+)
 #: A hum as whisper writes it ("Mm-", "M-H-M", "Hm"): letters m and h only, each word a backchannel.
 _HUM_WORD: Final = re.compile(r"[mh]+")
 
@@ -502,14 +506,7 @@ class TurnMachine:
                 job = self.asr.next_job()
                 st.check = PendingCheck(job, msg)
                 # Only the words matter here (no word times), and whisper is told backchannels come.
-                self.asr.submit(
-                    session,
-                    job,
-                    msg.audio,
-                    prompt=BACKCHANNEL_PROMPT,
-                    word_times=False,
-                    max_tokens=BACKCHANNEL_MAX_TOKENS,
-                )
+                self.asr.submit(session, job, msg.audio, BACKCHANNEL_DECODING)
             case AsrDone():
                 if st.check is not None and st.check.job == msg.job and st.check.backchannel is None:
                     self._on_check(session, st, st.check, msg)

@@ -19,7 +19,7 @@ import numpy.typing as npt
 from engine_bridge.adapters.cascade.messages import AsrDone, TtsDone
 from engine_bridge.adapters.cascade.reply import Reply
 from engine_bridge.session import DuplexSession
-from engine_bridge.speech.asr import Transcriber, Transcript
+from engine_bridge.speech.asr import DEFAULT_DECODING, Decoding, Transcriber, Transcript
 from engine_bridge.speech.tts import Synthesizer
 
 log = logging.getLogger(__name__)
@@ -41,19 +41,15 @@ class AsrWorker:
         session: DuplexSession,
         job: int,
         audio: npt.NDArray[np.int16],
-        *,
-        prompt: str | None = None,
-        word_times: bool = True,
-        max_tokens: int | None = None,
+        decoding: Decoding = DEFAULT_DECODING,
     ) -> None:
-        """Transcribe ``audio`` (``prompt``, ``word_times``, ``max_tokens``: see :meth:`Transcriber.transcribe`); the
-        session gets ``AsrDone(job, ...)`` (an empty text if the model failed)."""
+        """Transcribe ``audio`` as ``decoding`` says; the session gets ``AsrDone(job, ...)`` (an empty text if the model failed)."""
         asr = self.asr
 
         def run() -> None:
             t0 = time.monotonic()
             try:
-                tr = asr.transcribe(audio, prompt=prompt, word_times=word_times, max_tokens=max_tokens)
+                tr = asr.transcribe(audio, decoding)
             except Exception:
                 log.exception("session %s: ASR failed", session.id)
                 tr = Transcript(text="")
