@@ -62,7 +62,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -297,11 +297,64 @@ async def run_step(
         writer.close()
 
     server = await asyncio.start_unix_server(on_signal, sock_path)
+    me = psutil.Process()
+
+    async def window_start() -> dict[str, Any]:
+        nonlocal measuring
+        measuring = True
+        return {
+            "me": sum(me.cpu_times()[:2]),
+            "frames": [pe.input_frames for pe in peers],
+            "sent": [pe.track.frames_sent if pe.track else 0 for pe in peers],
+            "late": sum(pe.track.pacer.late for pe in peers if pe.track),
+        }
+
+    async def window_end(snap: dict[str, Any], dt: float) -> dict[str, Any]:
+        nonlocal measuring
+        measuring = False
+        server_fps = [(pe.input_frames - f0) / dt for pe, f0 in zip(peers, snap["frames"], strict=True)]
+        tx_fps = [
+            ((pe.track.frames_sent if pe.track else 0) - s0) / dt
+            for pe, s0 in zip(peers, snap["sent"], strict=True)
+        ]
+        return {
+            "server_cpu_pct": 100 * (sum(me.cpu_times()[:2]) - snap["me"]) / dt,
+            "server_rx_fps_min": min(server_fps),
+            "server_tx_fps_min": min(tx_fps),
+            "loop_lag_p99_ms": pct(lags, 99),
+            "loop_lag_max_ms": max(lags, default=0.0),
+            "pacer_late": sum(pe.track.pacer.late for pe in peers if pe.track) - snap["late"],
+        }
+
+    try:
+        result = await _drive_client_worker(sock_path, n, engine_pid, args, window_start, window_end)
+    finally:
+        server.close()
+        for pe in peers:
+            await pe.close()
+        for s in sessions:
+            await s.close()
+        for h in helpers:
+            h.cancel()
+    result["realtime"] = _realtime(result, n, result.get("server_rx_fps_min", 0) >= REALTIME_FPS)
+    return result
+
+
+WindowStart = Callable[[], Awaitable[dict[str, Any]]]
+WindowEnd = Callable[[dict[str, Any], float], Awaitable[dict[str, Any]]]
+
+
+async def _drive_client_worker(
+    signal: str, n: int, engine_pid: int, args: argparse.Namespace, start: WindowStart, end: WindowEnd
+) -> dict[str, Any]:
+    """Run the ``n`` callers in a client worker process (``signal``: see :func:`client_worker`) and measure its
+    window: the engine's, the client's and the machine's CPU here, the server's side through ``start`` (a
+    snapshot at the window's start) and ``end`` (its figures from the snapshot and the window's length)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         str(Path(__file__).resolve()),
         "--client-worker",
-        sock_path,
+        signal,
         str(n),
         str(args.warmup),
         str(args.window),
@@ -310,7 +363,6 @@ async def run_step(
     )
     engine = psutil.Process(engine_pid)
     client_ps = psutil.Process(proc.pid)
-    me = psutil.Process()
     result: dict[str, Any] = {"n": n}
     snap: dict[str, Any] = {}
     try:
@@ -321,37 +373,20 @@ async def run_step(
                 raise RuntimeError("client worker exited early")
             msg = json.loads(raw)
             if msg.get("event") == "window_start":
-                measuring = True
                 psutil.cpu_percent(interval=None)  # starts the machine-wide CPU interval
                 snap = {
                     "t": time.monotonic(),
-                    "me": sum(me.cpu_times()[:2]),
                     "engine": sum(engine.cpu_times()[:2]),
                     "client": sum(client_ps.cpu_times()[:2]),
-                    "frames": [pe.input_frames for pe in peers],
-                    "sent": [pe.track.frames_sent if pe.track else 0 for pe in peers],
-                    "late": sum(pe.track.pacer.late for pe in peers if pe.track),
+                    "server": await start(),
                 }
             elif msg.get("event") == "window_end":
-                measuring = False
                 dt = time.monotonic() - snap["t"]
-                server_fps = [
-                    (pe.input_frames - f0) / dt for pe, f0 in zip(peers, snap["frames"], strict=True)
-                ]
-                tx_fps = [
-                    ((pe.track.frames_sent if pe.track else 0) - s0) / dt
-                    for pe, s0 in zip(peers, snap["sent"], strict=True)
-                ]
                 result.update(
-                    server_cpu_pct=100 * (sum(me.cpu_times()[:2]) - snap["me"]) / dt,
                     engine_cpu_pct=100 * (sum(engine.cpu_times()[:2]) - snap["engine"]) / dt,
                     client_cpu_pct=100 * (sum(client_ps.cpu_times()[:2]) - snap["client"]) / dt,
                     machine_cpu_pct=psutil.cpu_percent(interval=None) * psutil.cpu_count(),
-                    server_rx_fps_min=min(server_fps),
-                    server_tx_fps_min=min(tx_fps),
-                    loop_lag_p99_ms=pct(lags, 99),
-                    loop_lag_max_ms=max(lags, default=0.0),
-                    pacer_late=sum(pe.track.pacer.late for pe in peers if pe.track) - snap["late"],
+                    **await end(snap["server"], dt),
                 )
             elif msg.get("event") == "result":
                 result.update(msg["result"])
@@ -361,20 +396,17 @@ async def run_step(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-        server.close()
-        for pe in peers:
-            await pe.close()
-        for s in sessions:
-            await s.close()
-        for h in helpers:
-            h.cancel()
-    result["realtime"] = bool(
+    return result
+
+
+def _realtime(result: dict[str, Any], n: int, server_receives: bool) -> bool:
+    """Every caller connected and hearing real time, and the server receiving every caller in real time."""
+    return bool(
         result.get("connected") == n
         and result.get("rx_fps_min", 0) >= REALTIME_FPS
         and result.get("gap_p95_ms_max", 1e9) < REALTIME_P95_GAP_MS
-        and result.get("server_rx_fps_min", 0) >= REALTIME_FPS
+        and server_receives
     )
-    return result
 
 
 async def client_worker(signal: str, n: int, warmup: float, window: float) -> None:
@@ -554,64 +586,21 @@ def _cpu_s(procs: list[psutil.Process]) -> float:
 async def run_served_step(
     n: int, url: str, server: list[psutil.Process], engine_pid: int, args: argparse.Namespace
 ) -> dict[str, Any]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--client-worker",
-        url,
-        str(n),
-        str(args.warmup),
-        str(args.window),
-        stdout=asyncio.subprocess.PIPE,
-        cwd=ROOT,
-    )
-    engine = psutil.Process(engine_pid)
-    client_ps = psutil.Process(proc.pid)
-    result: dict[str, Any] = {"n": n}
-    snap: dict[str, Any] = {}
-    try:
-        assert proc.stdout is not None
-        while True:
-            raw = await asyncio.wait_for(proc.stdout.readline(), timeout=args.warmup + args.window + 60 + n)
-            if not raw:
-                raise RuntimeError("client worker exited early")
-            msg = json.loads(raw)
-            if msg.get("event") == "window_start":
-                psutil.cpu_percent(interval=None)
-                snap = {
-                    "t": time.monotonic(),
-                    "server": _cpu_s(server),
-                    "engine": sum(engine.cpu_times()[:2]),
-                    "client": sum(client_ps.cpu_times()[:2]),
-                    "audio_in": await asyncio.to_thread(_audio_in_seconds, url),
-                }
-            elif msg.get("event") == "window_end":
-                dt = time.monotonic() - snap["t"]
-                audio_in = await asyncio.to_thread(_audio_in_seconds, url)
-                server_cpu = 100 * (_cpu_s(server) - snap["server"]) / dt
-                result.update(
-                    server_cpu_pct=server_cpu,
-                    server_cpu_pct_per_session=server_cpu / n,
-                    engine_cpu_pct=100 * (sum(engine.cpu_times()[:2]) - snap["engine"]) / dt,
-                    client_cpu_pct=100 * (sum(client_ps.cpu_times()[:2]) - snap["client"]) / dt,
-                    machine_cpu_pct=psutil.cpu_percent(interval=None) * psutil.cpu_count(),
-                    # Seconds of caller audio per second per session, all workers together.
-                    server_rx_rate=(audio_in - snap["audio_in"]) / dt / n,
-                )
-            elif msg.get("event") == "result":
-                result.update(msg["result"])
-                break
-        await asyncio.wait_for(proc.wait(), 30)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    result["realtime"] = bool(
-        result.get("connected") == n
-        and result.get("rx_fps_min", 0) >= REALTIME_FPS
-        and result.get("gap_p95_ms_max", 1e9) < REALTIME_P95_GAP_MS
-        and result.get("server_rx_rate", 0) >= REALTIME_FPS / 50
-    )
+    async def window_start() -> dict[str, Any]:
+        return {"cpu": _cpu_s(server), "audio_in": await asyncio.to_thread(_audio_in_seconds, url)}
+
+    async def window_end(snap: dict[str, Any], dt: float) -> dict[str, Any]:
+        audio_in = await asyncio.to_thread(_audio_in_seconds, url)
+        server_cpu = 100 * (_cpu_s(server) - snap["cpu"]) / dt
+        return {
+            "server_cpu_pct": server_cpu,
+            "server_cpu_pct_per_session": server_cpu / n,
+            # Seconds of caller audio per second per session, all workers together.
+            "server_rx_rate": (audio_in - snap["audio_in"]) / dt / n,
+        }
+
+    result = await _drive_client_worker(url, n, engine_pid, args, window_start, window_end)
+    result["realtime"] = _realtime(result, n, result.get("server_rx_rate", 0) >= REALTIME_FPS / 50)
     return result
 
 
