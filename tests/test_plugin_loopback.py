@@ -36,6 +36,15 @@ async def configure(s: llm.DuplexSession, instructions: str = "") -> None:
     await s._update_session(instructions=instructions, chat_ctx=llm.ChatContext.empty(), tools=[])
 
 
+async def ready_session(model: OmniDuplexModel, instructions: str = "") -> ColocatedSession:
+    """A co-located session of ``model``, configured as AgentSession does, once the engine says it is ready."""
+    s = model.session()
+    assert isinstance(s, ColocatedSession)
+    await configure(s, instructions)
+    assert await asyncio.wait_for(s.wait_ready(), 10)
+    return s
+
+
 async def test_agent_session_hears_the_engine_in_real_time(
     engine: EngineProcess, client: EngineClient
 ) -> None:
@@ -104,10 +113,7 @@ async def test_aclose_releases_the_engine_session_and_its_rings(
     engine: EngineProcess, client: EngineClient
 ) -> None:
     model = OmniDuplexModel(engine_address=engine.address)
-    s = model.session()
-    assert isinstance(s, ColocatedSession)
-    await configure(s, "be brief")
-    assert await asyncio.wait_for(s.wait_ready(), 10)
+    s = await ready_session(model, "be brief")
     es = s._es
     assert es is not None
     names = es.rings.names
@@ -181,10 +187,7 @@ async def test_open_session_writes_caller_frames_in_push_audio_and_ticks_the_out
     engine: EngineProcess, client: EngineClient
 ) -> None:
     model = OmniDuplexModel(engine_address=engine.address)
-    s = model.session()
-    assert isinstance(s, ColocatedSession)
-    await configure(s)
-    assert await asyncio.wait_for(s.wait_ready(), 10)
+    s = await ready_session(model)
     got: list[float] = []
 
     async def read() -> None:
