@@ -15,7 +15,11 @@ Whoever paces the session (the Live WebSocket sender, the WebRTC track, the Live
    backchannel. The gain is read *before* the epoch: the engine lifts a duck only after bumping the epoch, so a
    frame that sees unity after a barge-in also sees the new epoch and carries no stale audio at full level;
 5. releases the :class:`~engine_bridge.protocol.OutputTranscript` events whose ``start_sample`` has now been
-   played, mapped onto the output timeline (ms since session start = frames emitted × 20);
+   played, mapped onto the output timeline (ms since session start = frames emitted × 20). While the output is
+   ducked nothing is released: words played under the duck were not heard, and the engine's verdict decides
+   their fate: a backchannel lifts the duck in the same epoch (they go out then, with their play times), a
+   barge-in bumps the epoch first (they are dropped as stale), so a client never shows words the model does not
+   keep;
 6. converts to the requested rate and encoding (PCM16 at 8/16/24/48 kHz — or any rate in a small ratio to 24 kHz —
    G.711 µ-law/A-law at 8 kHz).
 
@@ -224,7 +228,7 @@ class EgressPlayer:
             self.model_frames += 1
             self.model_samples += filled
         self._speaking = filled > 0
-        released = self._release_transcripts(epoch_now) if self._pending else ()
+        released = self._release_transcripts(epoch_now) if self._pending and gain == 1.0 else ()
         return self._emit(index, filled, last_epoch, last_turn, released)
 
     def stats(self) -> dict[str, int]:

@@ -178,6 +178,32 @@ def test_transcripts_are_released_when_their_audio_plays(session: FakeSession) -
     assert player.stats()["transcripts_pending"] == 1  # turn 7 has not played
 
 
+def test_words_played_under_the_duck_wait_for_the_verdict(session: FakeSession) -> None:
+    """A backchannel (the duck lifted, same epoch) releases them with their play times; a barge-in (epoch bumped,
+    then the duck lifted) drops them, so the client's transcript holds only what the model keeps."""
+    eg = session.rings.egress
+    player = EgressPlayer(session, rate=24000)
+    eg.write_chunk(0, 1, 0, np.full(F24 * 20, 100, np.int16))
+    player.add_transcript(_tx(1, 0, 0, F24, "before"))
+    player.add_transcript(_tx(1, 0, F24 * 3, F24 * 4, "under"))
+    assert [t.text for t in player.next_frame().transcripts] == ["before"]
+    eg.set_gain(0.01)
+    for _ in range(5):
+        assert player.next_frame().transcripts == (), "nothing released while ducked"
+    eg.set_gain(1.0)  # a backchannel
+    (under,) = player.next_frame().transcripts
+    assert (under.text, under.start_ms) == ("under", 60), "released at once, with the time it played"
+
+    player.add_transcript(_tx(1, 0, F24 * 8, F24 * 9, "interrupted"))
+    eg.set_gain(0.01)
+    for _ in range(4):
+        assert player.next_frame().transcripts == ()
+    eg.bump_epoch()  # the barge-in: the fence first, then the level back
+    eg.set_gain(1.0)
+    assert player.next_frame().transcripts == ()
+    assert player.stats()["transcripts_pending"] == 0 and player.transcripts_stale == 1
+
+
 def test_stale_transcripts_are_dropped(session: FakeSession) -> None:
     eg = session.rings.egress
     player = EgressPlayer(session, rate=24000)

@@ -16,6 +16,8 @@ from engine_bridge.speech.text import (
     ClauseSplitter,
     ClauseSplitterSettings,
     clean_for_tts,
+    early_first_clause_ready,
+    ends_on_dangling_word,
     normalize_text,
     text_words,
 )
@@ -331,3 +333,23 @@ def test_clause_splitter_reset_and_chunking_independence() -> None:
     reference = [c for _, c in _split(text, step=len(text))]
     for step in (1, 2, 5, 13):
         assert [c for _, c in _split(text, step=step)] == reference
+
+
+def test_the_early_first_clause_never_ends_on_a_word_that_needs_the_next() -> None:
+    """Voicing "The capital of" alone made the rest sound like "Francis Paris" to listeners and to whisper."""
+    tokens = ["The", " capital", " of", " France", " is", " Paris", "."]
+    pending, cut_at = "", None
+    for tok in tokens:
+        if early_first_clause_ready(pending, tok, 3):
+            cut_at = pending
+            break
+        pending += tok
+    assert cut_at == "The capital of France"
+    assert early_first_clause_ready("Yes, it is", " raining", 3) is False
+    assert early_first_clause_ready("Yes, it rains", " a", 3) is True
+    assert early_first_clause_ready("Yes, it rains", "ing", 3) is False, (
+        "mid-word: the last word is not whole"
+    )
+    assert early_first_clause_ready("One two", " three", 3) is False
+    assert early_first_clause_ready("Any words at all", " here", 0) is False, "0 turns the early cut off"
+    assert ends_on_dangling_word("Paris is the") and not ends_on_dangling_word("Paris.")

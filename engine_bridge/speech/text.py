@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
+from typing import Final
 
 __all__ = [
     "ClauseSplitter",
@@ -145,6 +146,35 @@ _SENTENCE_END = ".!?…"
 _CLAUSE_END = ";:"
 _CLOSERS = "\"')]}”’»"
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*")
+
+
+#: Words a phrase cannot end on without sounding cut off: articles, prepositions, conjunctions, possessives and
+#: the copula. Voicing "The capital of" on its own and then "France is Paris." breaks the prosody so badly that
+#: a listener (and whisper) hears "Francis Paris"; an early first clause waits for the next content word instead.
+_DANGLING_WORDS: Final = frozenset(
+    "a an the of to in on at for with by from into onto about than as and or but nor so if "
+    "my your his her its our their this that these those is are was were be am has have had do does".split()
+)
+
+
+def ends_on_dangling_word(text: str) -> bool:
+    """True when ``text``'s last word needs what follows it (see ``_DANGLING_WORDS``)."""
+    words = _WORD.findall(text)
+    return bool(words) and words[-1].lower() in _DANGLING_WORDS
+
+
+def early_first_clause_ready(pending: str, next_delta: str, min_words: int) -> bool:
+    """Whether the reply's first words may be voiced now, before their sentence ends.
+
+    Yes once ``pending`` holds ``min_words`` whole words (``next_delta`` starts a new word, so the last one is
+    complete) and does not end on a word that needs the next one. ``min_words`` 0 turns the early cut off.
+    """
+    return (
+        min_words > 0
+        and next_delta[:1].isspace()
+        and len(pending.split()) >= min_words
+        and not ends_on_dangling_word(pending)
+    )
 
 
 @dataclass(frozen=True, slots=True)

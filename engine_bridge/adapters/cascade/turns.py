@@ -67,7 +67,7 @@ from engine_bridge.session import (
     TruncateRequest,
 )
 from engine_bridge.speech.asr import Decoding, Transcript
-from engine_bridge.speech.text import clean_for_tts, normalize_text, text_words
+from engine_bridge.speech.text import clean_for_tts, early_first_clause_ready, normalize_text, text_words
 from engine_bridge.speech.tts import OutputResampler, Synthesizer
 from engine_bridge.speech.vad import SpeechStarted, TurnDetector, TurnEvent
 from engine_bridge.thinker.base import DecodingSettings, Message, StepOutput, ThinkerBackend
@@ -1046,15 +1046,12 @@ class TurnMachine:
 
     def _on_token(self, session: DuplexSession, r: Reply, out: StepOutput) -> None:
         clauses: list[str] = []
-        first_cut = self.first_clause_words
-        if (
-            first_cut
-            and r.clauses_sent == 0
-            and out.text[:1].isspace()
-            and len(r.splitter.pending_text.split()) >= first_cut
+        if r.clauses_sent == 0 and early_first_clause_ready(
+            r.splitter.pending_text, out.text, self.first_clause_words
         ):
             # Voice the first words now instead of waiting for the end of the sentence: the caller hears the
-            # answer start a few tokens earlier, at the cost of a small prosody break after them.
+            # answer start a few tokens earlier, at the cost of a small prosody break after them; never after
+            # a word that needs the next one ("The capital of | France" is heard as "Francis").
             clauses += r.splitter.flush()
         if out.token_id is not None:
             r.tokens += 1
