@@ -77,7 +77,8 @@ class TurnTakingSettings(BaseModel):
     #: 115 ms sooner at the listener than 120; a speculation the caller talks over is thrown away).
     speculative_ms: int = Field(60, ge=0, le=5000)
     #: The first clause of a reply is voiced once it has this many words, even before punctuation (0: off); 3
-    #: starts the answer one token (~60 ms on CPU) and a shorter TTS chunk sooner than 4.
+    #: starts the answer one token (~60 ms on CPU) and a shorter TTS chunk sooner than 4. The cut waits past a
+    #: word that needs the next one (an article, a preposition, "is": ``speech.text.ends_on_dangling_word``).
     first_clause_words: int = Field(3, ge=0, le=50)
 
 
