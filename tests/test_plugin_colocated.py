@@ -107,10 +107,10 @@ async def test_two_spoken_turns_and_a_barge_in(engine: EngineProcess, client: En
         story, question = assistant_between(conv.rec, story_from)
         following = assistant_between(conv.rec, question + 1)[0]
         told, kept = words(story), words(story_done.text)
-        # The engine keeps what the caller heard at full level: a prefix of the message, which also holds the words
-        # that played under the duck until the interruption was confirmed (at most 1 s of the caller's speech,
-        # the backchannel check's bound: ~4 of Piper's words) and the word in flight.
-        assert kept and told[: len(kept)] == kept and len(told) - len(kept) <= 5, (story, story_done.text)
+        # The engine keeps what the caller heard at full level; the words that played under the duck reach no client
+        # (the media plane holds their transcript until the verdict), so the message is that, plus at most the
+        # word in flight when the duck came.
+        assert kept and told[: len(kept)] == kept and len(told) - len(kept) <= 1, (story, story_done.text)
         assert 0 < len(told) < 30 and barge.played_ms > 1000
         # The next answer follows the caller's interrupting question.
         assert words(following), conv.rec.summary()
