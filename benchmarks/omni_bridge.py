@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -228,6 +229,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     client = None
     try:
         client = await connect(address)
+        # This process stamps every echo: a full collection of its start-up heap (numpy, psutil, the engine
+        # client) would stall the stamping thread and be counted as the bridge's latency.
+        gc.collect()
+        gc.freeze()
         rows = [await run_config(client, engine.pid, n, args.seconds) for n in args.sessions]
     finally:
         if client is not None:

@@ -215,6 +215,10 @@ class OmniBridgeSettings(BaseModel):
     heartbeat_s: float = Field(20.0, gt=0)
     #: How often our playout position goes back as ``playback.ack`` while the model speaks.
     ack_interval_ms: int = Field(100, ge=10, le=5_000)
+    #: How often the newest server event is acknowledged (``session.event_ack``, cumulative): the sidecar drops
+    #: its replay journal up to it. Its journal holds thousands of events (~25 a second per speaking session), so
+    #: once a second is plenty; at every playout ack it was a second frame per session per 100 ms for nothing.
+    event_ack_interval_ms: int = Field(1_000, ge=10, le=30_000)
     instructions: str = ""
 
     def resolved_preset(self) -> OmniPreset:

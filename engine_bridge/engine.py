@@ -44,7 +44,6 @@ from engine_bridge.session import (
     MuteChange,
     TextAppend,
     TruncateRequest,
-    WrittenAudio,
 )
 from engine_bridge.text import TextRefused, TextRequest
 
@@ -202,6 +201,12 @@ class Engine:
             self.load_error = f"{type(e).__name__}: {e}"
             self.state = "failed"
             return
+        # The loaded models are a heap of long-lived objects (hundreds of thousands with torch) that every full
+        # collection would walk again, pausing every thread of this process, the audio thread included, for tens
+        # of milliseconds. Frozen, they leave the collector's sight; a full collection then walks only what
+        # sessions allocate (benchmarks/omni_bridge.py: a 30 ms pause at 16 sessions before, none after).
+        gc.collect()
+        gc.freeze()
         self.state = "ready"
         log.info("engine ready in %.1f s", time.monotonic() - t0)
 
@@ -558,18 +563,7 @@ class Engine:
             self.adapter.on_audio(s, pcm)
             if n < buf.shape[0]:
                 break
-        egress = s.rings.egress
-        with s.fence_lock:
-            while s.outbox:
-                c = s.outbox[0]
-                if not egress.write_chunk(c.epoch, c.turn_id, c.seq, c.pcm):
-                    return True  # the media side has not made room yet; retry at the next tick
-                s.outbox.popleft()
-                n_out = c.pcm.shape[0]
-                s.stats.output_samples += n_out
-                w = s.written
-                s.written = WrittenAudio(c.turn_id, (w.samples if w.turn_id == c.turn_id else 0) + n_out)
-        return False
+        return s.drain_outbox()  # a full egress ring is retried at the next tick
 
     # --- scheduler thread -----------------------------------------------------------------------------------
     def _scheduler_loop(self) -> None:

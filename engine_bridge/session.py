@@ -138,7 +138,7 @@ class DuplexSession:
         #: The latest reply, as its owner (the adapter, on the scheduler thread) published it at its last phase
         #: transition. Replaced whole, never mutated: the audio thread reads it once per decision.
         self.reply: ReplySnapshot = NO_REPLY
-        #: What the audio thread has written to egress of the latest reply (see :class:`WrittenAudio`).
+        #: What has been written to egress of the latest reply (see :class:`WrittenAudio`).
         self.written = WrittenAudio(0, 0)
         #: Called (from whichever thread queued it) when reply audio lands in the outbox, so the engine's audio
         #: thread moves it into egress now rather than at its next fallback wake-up.
@@ -202,7 +202,8 @@ class DuplexSession:
             return self.epoch
 
     def queue_audio(self, epoch: int, turn_id: int, seq: int, pcm: np.ndarray) -> bool:
-        """Queue reply audio for egress; False (dropped) if its epoch is already stale."""
+        """Queue reply audio for egress; False (dropped) if its epoch is already stale. The audio thread moves it
+        into the egress ring at its next pass (``on_output`` wakes it)."""
         with self.fence_lock:
             if epoch != self.epoch:
                 return False
@@ -210,6 +211,40 @@ class DuplexSession:
         if self.on_output is not None:
             self.on_output()
         return True
+
+    def write_audio(self, epoch: int, turn_id: int, seq: int, pcm: np.ndarray) -> bool:
+        """Reply audio straight into the egress ring from the calling thread, behind whatever the outbox still
+        holds; False (dropped) if its epoch is already stale. For an adapter whose audio arrives on a thread of its
+        own (the vLLM-Omni bridge's loop): it saves the hand-off to the audio thread (a doorbell syscall and a
+        wake-up per piece, two of the unit's scheduling hops). What does not fit waits in the outbox, and the
+        audio thread is woken to retry it."""
+        with self.fence_lock:
+            if epoch != self.epoch:
+                return False
+            self.outbox.append(OutChunk(epoch, turn_id, seq, pcm))
+            backlog = self._drain_outbox_locked()
+        if backlog and self.on_output is not None:
+            self.on_output()
+        return True
+
+    def drain_outbox(self) -> bool:
+        """Move queued reply audio into the egress ring; True if some is still queued (the ring is full)."""
+        with self.fence_lock:
+            return self._drain_outbox_locked()
+
+    def _drain_outbox_locked(self) -> bool:
+        # The egress ring has one producer at a time: every write happens here, under ``fence_lock``.
+        egress = self.rings.egress
+        while self.outbox:
+            c = self.outbox[0]
+            if not egress.write_chunk(c.epoch, c.turn_id, c.seq, c.pcm):
+                return True  # the media side has not made room yet
+            self.outbox.popleft()
+            n_out = c.pcm.shape[0]
+            self.stats.output_samples += n_out
+            w = self.written
+            self.written = WrittenAudio(c.turn_id, (w.samples if w.turn_id == c.turn_id else 0) + n_out)
+        return False
 
     def snapshot(self) -> dict[str, Any]:
         st = self.stats

@@ -159,11 +159,15 @@ class OmniBridgeAdapter(ModelAdapter):
     async def _tick_all(self) -> None:
         """One timer for every session's periodic work (not one per session: fewer wake-ups per unit)."""
         every = self.omni.ack_interval_ms / 1000
+        event_ack_every = max(1, round(self.omni.event_ack_interval_ms / self.omni.ack_interval_ms))
+        ticks = 0
         while True:
             await asyncio.sleep(every)
+            ticks += 1
+            ack_events = ticks % event_ack_every == 0
             for bridge in list(self.bridges.values()):
                 try:
-                    bridge.tick()
+                    bridge.tick(ack_events=ack_events)
                 except Exception:
                     log.exception("session %s: bridge tick failed", bridge.session.id)
 
@@ -587,7 +591,7 @@ class OmniSessionBridge:
         s = self.session
         for i in range(0, pcm.shape[0], OUT_PIECE_SAMPLES):
             piece = pcm[i : i + OUT_PIECE_SAMPLES]
-            if not s.queue_audio(turn.epoch, turn.turn_id, turn.seq, piece):
+            if not s.write_audio(turn.epoch, turn.turn_id, turn.seq, piece):
                 return  # the fence went up under us
             turn.seq += 1
             turn.samples += piece.shape[0]
@@ -651,12 +655,14 @@ class OmniSessionBridge:
         turn.acked_ms = max(turn.acked_ms, ms)
         self.link.send(d.AckPlayback(played_ms=ms, committed_ms=ms, response_id=turn.response_id))
 
-    def tick(self) -> None:
+    def tick(self, *, ack_events: bool = True) -> None:
         """Every ``ack_interval_ms`` (the adapter's one ticker for all sessions): the playout goes back as
-        ``playback.ack``, a generated turn whose audio has all left is done, the newest event is acknowledged."""
+        ``playback.ack``, a generated turn whose audio has all left is done; with ``ack_events`` (every
+        ``event_ack_interval_ms``) the newest event is acknowledged."""
         if self.ended or self.link is None:
             return
-        self.link.flush_event_ack()
+        if ack_events:
+            self.link.flush_event_ack()
         turn = self.turn
         if turn is None or turn.finished:
             return
