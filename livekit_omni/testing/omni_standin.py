@@ -737,8 +737,15 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     cfg = StandinConfig(**{k: getattr(args, k) for k in StandinConfig.__dataclass_fields__})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(cfg, args.host, args.port))
+    # uvloop where it is installed, as uvicorn (which ``vllm-omni serve`` runs on) picks it.
+    try:
+        import uvloop
+    except ImportError:
+        loop_factory = asyncio.new_event_loop
+    else:
+        loop_factory = uvloop.new_event_loop
+    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(serve(cfg, args.host, args.port))
 
 
 if __name__ == "__main__":
