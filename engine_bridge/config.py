@@ -243,6 +243,10 @@ class EngineSettings(BaseModel):
     idle_ttl_s: float = Field(120.0, gt=0)
     #: Intra-op threads for torch / onnxruntime / ctranslate2 (the 2-core VM stalls with more; see docs).
     threads: int = Field(1, ge=1, le=64)
+    #: Seconds between trims of the engine's C heap (``malloc_trim``: freed holes go back to the system), done when
+    #: the scheduler has nothing to do, and at least every 4 intervals. Without it the freed MB-sized KV buffers stay
+    #: resident and the RSS drifts up over a long session (engine_bridge/heap.py). 0 turns it off.
+    heap_trim_interval_s: float = Field(30.0, ge=0, le=3600)
     cache_dir: Path = Field(default_factory=default_cache_dir)
     #: Where the models run (thinker, whisper, Piper, Silero): ``auto`` picks CUDA when a device is visible.
     device: Literal["auto", "cpu", "cuda"] = "auto"

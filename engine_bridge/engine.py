@@ -36,6 +36,7 @@ from engine_bridge.adapters.base import SessionRefused
 from engine_bridge.config import EngineSettings
 from engine_bridge.control import Address, ControlServer, ServerConnection
 from engine_bridge.doorbell import Doorbell
+from engine_bridge.heap import HeapTrimmer
 from engine_bridge.ring import NATIVE as RING_NATIVE
 from engine_bridge.ring import RingError, RingPair, remove_orphan_segments
 from engine_bridge.session import (
@@ -148,6 +149,8 @@ class Engine:
         #: Text requests not finished yet, by request id (event loop only); the counters are /health's.
         self.texts: dict[str, TextRequest] = {}
         self.texts_started = 0
+        #: Gives the C heap's freed holes back to the system when the scheduler idles (engine_bridge/heap.py).
+        self.heap = HeapTrimmer(self.settings.heap_trim_interval_s)
         self.texts_rejected = 0
         # Workers of the adapter (ASR, TTS) wake the scheduler when their results land in a mailbox.
         self.adapter.wake = self._wake
@@ -235,6 +238,7 @@ class Engine:
             "rejected_sessions": self.manager.rejected,
             "uptime_s": round(time.monotonic() - self.started_at, 1),
             "rss_bytes": psutil.Process().memory_info().rss,
+            "heap": self.heap.describe(),
             "doorbell": str(self.doorbell.path) if self.doorbell else "",
             "ring_native": RING_NATIVE,  # the ingress ring's per-frame path is the C core (else pure Python)
             "audio_tick_overruns": self.audio_tick_overruns,
@@ -587,6 +591,8 @@ class Engine:
                                 fatal=False,
                             )
                         )
+            # On this thread, between forward passes: a trim never delays a step that is under way.
+            self.heap.maybe_trim(idle=not worked)
             if not worked:
                 self._wake.wait(self.adapter.scheduler_idle_s)
                 self._wake.clear()

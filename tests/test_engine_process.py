@@ -261,6 +261,8 @@ def test_serve_attaches_to_a_separately_started_engine() -> None:
             assert body["engine"]["attached"] is True
             assert body["engine"]["engine_pid"] == eng.pid
             assert body["engine"]["ring_native"] is NATIVE  # which ring path the engine runs, for operators
+            # The heap trimmer is on by default (engine_bridge/heap.py), reported for operators.
+            assert body["engine"]["heap"]["enabled"] is True and body["engine"]["heap"]["interval_s"] == 30.0
         finally:
             server.stop()
         assert eng.poll() is None, "stopping an attached server must not stop the engine"
