@@ -109,6 +109,11 @@ class ThinkerSettings(BaseModel):
     quantization: Literal["none", "int8"] = "none"
     #: Longest conversation a session keeps in its KV; older turns are trimmed beyond it.
     max_model_len: int = Field(2048, ge=256)
+    #: The torch backend, when a conversation reaches ``max_model_len`` and its oldest turns are dropped:
+    #: ``shift`` keeps the other turns' KV and moves it to its new positions (no recompute; the kept turns still
+    #: carry what they attended to), ``rebuild`` re-prefills the trimmed conversation (exact, but seconds of
+    #: the engine thread per trim on a CPU). vLLM always re-prefills (from its prefix cache where it can).
+    context_trim: Literal["shift", "rebuild"] = "shift"
     max_reply_tokens: int = Field(48, ge=4, le=1024)
     #: Empty: the built-in spoken-assistant prompt.
     system_prompt: str = ""

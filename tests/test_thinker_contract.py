@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import torch
 
 from engine_bridge.thinker.base import (
     Checkpoint,
@@ -498,8 +499,18 @@ def test_text_deltas_add_up_to_the_reply(th: ThinkerBackend) -> None:
 
 
 # ------------------------------------------------------------------------------------------- context
+def _exact_trim(make: Factory) -> Factory:
+    """The backend with its exact trim (the torch backend's default ``shift`` trim is not exact by design:
+    ``caps.exact_trim``; it is tested on its own below)."""
+    if make().caps.exact_trim:
+        return make
+    return lambda **overrides: make(context_trim="rebuild", **overrides)
+
+
 def test_context_trimming_keeps_system_and_answers(make: Factory) -> None:
+    make = _exact_trim(make)
     th = make(max_context_tokens=160)
+    assert th.caps.exact_trim
     th.open("a", "You are the trimming test.")
     system = th.log("a").segments[0]
     system_tokens = th.log("a").tokens[: system.end]
@@ -522,6 +533,71 @@ def test_context_trimming_keeps_system_and_answers(make: Factory) -> None:
     th.append("a", "user", "Still there?")
     snap = th.log("a")
     assert reply_tokens(th, "a") == fresh_reply(make, snap, max_context_tokens=160)
+
+
+def test_shift_trim_moves_the_kept_kv_without_recompute(tiny: LoadedModel) -> None:
+    """The torch backend's default trim drops the old turns' KV columns and re-rotates the kept keys to their new
+    positions. A model's first layer sees only each token and its position, so there the shifted cache must equal
+    a fresh prefill of the trimmed log; the deeper layers keep what the kept tokens attended to before the trim,
+    so they must differ (else the trim rebuilt). The trimming append computes only its own message."""
+    cfg = TorchThinkerConfig(model="tiny-random", decoding=GREEDY, max_context_tokens=160)
+    assert cfg.context_trim == "shift"
+    th = TorchThinker(cfg, loaded=tiny)
+    assert not th.caps.exact_trim
+    th.open("a", "You are the trimming test.")
+    res = None
+    for turn in range(12):
+        res = th.append("a", "user", f"Turn {turn}: tell me something about the number {turn}, please.")
+        if res.trimmed:
+            break
+        generate(th, "a")
+    assert res is not None and res.trimmed, "the conversation never reached its context limit"
+    assert res.prefill_tokens == res.new_tokens  # nothing of the kept log was recomputed
+    snap = th.log("a")
+    assert th.stats("a").resident_kv_tokens == len(snap) <= 160
+    shifted = th._sessions["a"].cache
+    assert shifted is not None
+    ref = TorchThinker(cfg, loaded=tiny)
+    ref.open("r", log=snap)
+    rebuilt = ref._sessions["r"].cache
+    assert rebuilt is not None
+    deeper_diff = 0.0
+    for li, (ours, theirs) in enumerate(zip(shifted.kv_layers, rebuilt.kv_layers, strict=True)):
+        (k, v), (rk, rv) = ours.tensors(), theirs.tensors()
+        assert k.shape == rk.shape
+        if li == 0:
+            torch.testing.assert_close(k, rk, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(v, rv, rtol=1e-4, atol=1e-4)
+        else:
+            deeper_diff = max(deeper_diff, float((k - rk).abs().max()))
+    assert deeper_diff > 1e-3, "the deeper layers equal a rebuild: the trim recomputed the log"
+    # The session goes on from the shifted cache: a reply, and a rollback to before it is exact.
+    first = reply_tokens(th, "a")
+    assert first
+    th.rollback("a", Checkpoint(len(snap)))
+    assert reply_tokens(th, "a") == first
+    th.end_reply("a")
+    th.close("a")
+    ref.close("r")
+
+
+def test_rebuild_trim_recomputes_the_kept_log(tiny: LoadedModel) -> None:
+    """``context_trim = "rebuild"``: the trimming append recomputes the whole kept log (the exact path)."""
+    cfg = TorchThinkerConfig(
+        model="tiny-random", decoding=GREEDY, max_context_tokens=160, context_trim="rebuild"
+    )
+    th = TorchThinker(cfg, loaded=tiny)
+    assert th.caps.exact_trim
+    th.open("a", "You are the trimming test.")
+    for turn in range(12):
+        res = th.append("a", "user", f"Turn {turn}: tell me something about the number {turn}, please.")
+        if res.trimmed:
+            assert res.prefill_tokens == res.log_len
+            break
+        generate(th, "a")
+    else:
+        pytest.fail("the conversation never reached its context limit")
+    th.close("a")
 
 
 def test_example_turns_are_pinned_with_the_system_segment(make: Factory) -> None:

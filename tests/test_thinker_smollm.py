@@ -41,6 +41,11 @@ def real() -> Iterator[TorchThinker]:
 def ask(th: ThinkerBackend, sid: str, question: str) -> tuple[str, str | None, int]:
     """Append a question, generate the whole reply, keep it; returns (text, finish reason, tokens)."""
     th.append(sid, "user", question)
+    return reply(th, sid)
+
+
+def reply(th: ThinkerBackend, sid: str) -> tuple[str, str | None, int]:
+    """Generate the whole reply and keep it; returns (text, finish reason, tokens)."""
     th.begin_reply(sid)
     text, n = "", 0
     while True:
@@ -261,3 +266,38 @@ def test_batched_decode_matches_single_sessions(real: TorchThinker) -> None:
     assert [batched[sid] for sid in sids] == solo
     for sid in sids:
         real.close(sid)
+
+
+def test_a_conversation_past_its_context_keeps_answering_after_shift_trims(real: TorchThinker) -> None:
+    """A 512-token context and thirty questions: the default ``shift`` trim drops old turns several times
+    without recomputing the rest, and the answers after the trims are still right (the kept turns' KV is
+    reused as computed, so this is what checks that the moved keys still mean what they meant)."""
+    th = TorchThinker(TorchThinkerConfig(max_context_tokens=512), loaded=real.loaded)
+    assert not th.caps.exact_trim
+    filler = [
+        "How many legs does a spider have?",
+        "What color is the sky on a clear day?",
+        "What is the capital of Italy?",
+        "How many days are in a week?",
+        "What do bees make?",
+    ]
+    th.open("long")
+    trims = 0
+    for question in filler * 6:
+        res = th.append("long", "user", question)
+        # Trimming or not, an append computes its own message only: the kept log is never recomputed.
+        assert res.prefill_tokens == res.new_tokens, res
+        trims += res.trimmed
+        reply(th, "long")
+    assert trims >= 2 and th.stats("long").trims == trims
+    answers = {
+        "What is the capital of France?": "paris",
+        "What is the capital of Germany?": "berlin",
+        "What is the capital of Spain?": "madrid",
+        "What is the largest planet in our solar system?": "jupiter",
+    }
+    for question, expected in answers.items():
+        text, _, _ = ask(th, "long", question)
+        assert expected in text.lower(), (question, text)
+    assert th.stats("long").log_tokens <= 512
+    th.close("long")

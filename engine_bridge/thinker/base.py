@@ -76,6 +76,9 @@ class ThinkerCaps:
     max_sessions: int
     #: KV bytes one token of one session costs (0 when unknown).
     kv_bytes_per_token: int
+    #: After a context trim the next output equals a fresh session's on the trimmed log (False: the kept turns'
+    #: KV is reused as computed, moved to its new positions; the torch backend's ``shift`` trim).
+    exact_trim: bool = True
 
 
 @dataclass(frozen=True, slots=True)

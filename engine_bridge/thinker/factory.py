@@ -81,6 +81,7 @@ def make_thinker(settings: EngineSettings) -> ThinkerBackend:
             device=device,
             threads=settings.threads,
             max_context_tokens=t.max_model_len,
+            context_trim=t.context_trim,
             max_sessions=sessions,
             system_prompt=system_prompt,
             decoding=decoding,

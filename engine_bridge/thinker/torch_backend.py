@@ -2,8 +2,18 @@
 
 KV lease. Each session owns a ``DynamicCache`` that caches a prefix of its token log (base.py). ``append``
 prefills only the new message's template delta; ``rollback`` crops the cache (exact, because attention is
-causal); context trimming rebuilds the cache once from the trimmed log. Outside a reply the cache always
-covers the whole log, so the next turn pays only for its own tokens.
+causal). Outside a reply the cache always covers the whole log, so the next turn pays only for its own tokens.
+
+Context trimming ("shift", the default). When a conversation reaches ``max_context_tokens`` its oldest turns
+are dropped from the log, and their KV columns from the cache: the kept columns move down to their new
+positions and the kept keys are re-rotated by the distance they moved (cached keys are post-RoPE, and moving
+a rotary key by ``d`` positions is one more rotation by ``-d``, exact up to float rounding). Nothing is
+recomputed, where re-prefilling the ~1,500 kept tokens ("rebuild") costs ~5 s of the engine thread here
+(SmolLM2-135M, float32, one core) and stalls every session's turn behind it. The price: the kept turns' KV
+still carries what those tokens attended to when they were computed, so after a shift trim the cache is no
+longer exactly a fresh prefill of the trimmed log (``caps.exact_trim`` is False; rollbacks stay exact against
+the cache the session has). ``rebuild`` keeps the exact behaviour, and models whose rotary embedding cannot
+be shifted this way fall back to it.
 
 Batched decode ("generation group"). ``step(sids)`` runs ONE forward pass for all given sessions although
 their caches have different lengths:
@@ -68,6 +78,12 @@ log = logging.getLogger(__name__)
 _GROUP_SPARE = 64
 _ROW_SPARE = 64
 
+#: Model types whose attention applies HF's half-rotation RoPE to every layer's keys, which a shift trim can
+#: re-rotate (partial or interleaved rotary embeddings, or layers without RoPE, fall back to a rebuild).
+_SHIFTABLE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+#: RoPE variants whose angle is linear in the position (a shift by d is a rotation by d times inv_freq).
+_SHIFTABLE_ROPE_TYPES = frozenset({"default", "linear", "llama3"})
+
 #: fp32 is the default because it keeps batched decode exact: a session's greedy tokens do not depend on
 #: which other sessions share its batch (checked by the contract suite). With pre-transposed linears (see
 #: ``_TransposedLinear``) batch-4 decode is still 2.5-3.3x faster than one session after another on 1 thread.
@@ -99,6 +115,12 @@ class TorchThinkerConfig:
     #: When trimming, drop old turns until the log is at most this fraction of ``max_context_tokens``, so
     #: the cache is rebuilt once every few turns instead of on every turn once the context is full.
     trim_to_fraction: float = 0.75
+    #: How the KV follows a trim (module docstring): ``shift`` moves the kept columns (no recompute),
+    #: ``rebuild`` re-prefills the trimmed log (exact, seconds per trim on a CPU).
+    context_trim: Literal["shift", "rebuild"] = "shift"
+    #: Each session's own cache is allocated for its whole context when it is first filled, so it never regrows
+    #: (no copy at 1.25x steps, no heap holes of ever larger sizes); pages become resident as the context fills.
+    reserve_kv: bool = True
     max_sessions: int = 16
     #: KV budget for admission. Each session reserves ``max_context_tokens`` worth of KV, so a session that
     #: was admitted can always grow to its context limit. None: only ``max_sessions`` limits admission.
@@ -130,11 +152,13 @@ class _KVLayer(DynamicLayer):
     its filled part, so a decode step writes one column.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reserve: int = 0) -> None:
         super().__init__()
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
         self._len = 0
+        #: Smallest capacity of any allocation (a session's whole context when reserving).
+        self._reserve = reserve
 
     def adopt(self, kbuf: torch.Tensor, vbuf: torch.Tensor, length: int) -> None:
         """Take over preallocated buffers whose first ``length`` columns are filled."""
@@ -151,8 +175,10 @@ class _KVLayer(DynamicLayer):
 
     def _alloc(self, like: torch.Tensor, capacity: int) -> None:
         b, h, _, d = like.shape
-        kbuf = like.new_zeros((b, h, capacity, d))
-        vbuf = torch.zeros_like(kbuf)
+        # Uninitialised: ``keys``/``values`` only ever view the written columns, and an untouched page of a
+        # reserved buffer costs no memory until the context reaches it.
+        kbuf = like.new_empty((b, h, max(capacity, self._reserve), d))
+        vbuf = torch.empty_like(kbuf)
         if self._kbuf is not None and self._len:
             kbuf[:, :, : self._len] = self._kbuf[:, :, : self._len]
             vbuf[:, :, : self._len] = self._vbuf[:, :, : self._len]  # type: ignore[index]
@@ -181,6 +207,23 @@ class _KVLayer(DynamicLayer):
         assert self.keys is not None and self.values is not None
         return self.keys, self.values
 
+    def shift(self, start: int, index: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Context trim: keep columns ``[0, start)``, then the columns ``index`` (ascending, each >= ``start``)
+        moved down to ``[start, start + len(index))``, their keys rotated by the angles of ``cos``/``sin``
+        (``[len(index), head_dim]``, HF's half-rotation layout). Values carry no position and move as they are."""
+        assert self._kbuf is not None and self._vbuf is not None
+        keys = self._kbuf.index_select(2, index)  # copies: the moved columns may overlap their targets
+        values = self._vbuf.index_select(2, index)
+        k = keys.float()
+        half = k.shape[-1] // 2
+        rotated = torch.cat((-k[..., half:], k[..., :half]), dim=-1)
+        n = start + index.numel()
+        self._kbuf[:, :, start:n] = (k * cos + rotated * sin).to(keys.dtype)
+        self._vbuf[:, :, start:n] = values
+        self._len = n
+        self.keys = self._kbuf[:, :, :n]
+        self.values = self._vbuf[:, :, :n]
+
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The filled (keys, values) views; only for a layer that holds some."""
         assert self.keys is not None and self.values is not None
@@ -207,12 +250,12 @@ class _KVLayer(DynamicLayer):
 class _LeaseCache(DynamicCache):
     """A DynamicCache made of :class:`_KVLayer` layers (what the model's attention layers call ``update`` on)."""
 
-    def __init__(self, num_layers: int) -> None:
-        Cache.__init__(self, layers=[_KVLayer() for _ in range(num_layers)])
+    def __init__(self, num_layers: int, reserve: int = 0) -> None:
+        Cache.__init__(self, layers=[_KVLayer(reserve) for _ in range(num_layers)])
 
     @classmethod
-    def of(cls, layers: list[tuple[torch.Tensor, torch.Tensor]], spare: int) -> _LeaseCache:
-        cache = cls(len(layers))
+    def of(cls, layers: list[tuple[torch.Tensor, torch.Tensor]], spare: int, reserve: int = 0) -> _LeaseCache:
+        cache = cls(len(layers), reserve)
         for layer, (k, v) in zip(cache.kv_layers, layers, strict=True):
             layer.fill(k, v, spare)
         return cache
@@ -289,6 +332,13 @@ class TorchThinker(LogBackedThinker[_Session]):
         elem = torch.empty((), dtype=self.loaded.dtype).element_size()
         self._num_layers = int(mcfg.num_hidden_layers)
         self._kv_bytes_per_token = 2 * self._num_layers * kv_heads * head_dim * elem
+        self._rope_inv_freq: torch.Tensor | None = None
+        if cfg.context_trim == "shift":
+            self._rope_inv_freq, why_not = _shiftable_rope(self.model)
+            if self._rope_inv_freq is None:
+                log.info("context trims rebuild the KV from the log: %s", why_not)
+        #: A session's own cache is allocated for its whole context (``reserve_kv``).
+        self._own_reserve = cfg.max_context_tokens if cfg.reserve_kv else 0
         self.caps = ThinkerCaps(
             resident_kv=True,
             exact_rollback=True,
@@ -296,6 +346,7 @@ class TorchThinker(LogBackedThinker[_Session]):
             max_context=cfg.max_context_tokens,
             max_sessions=cfg.max_sessions,
             kv_bytes_per_token=self._kv_bytes_per_token,
+            exact_trim=self._rope_inv_freq is None,
         )
         # Any real token id works for padding: pad columns are masked and never read.
         self._pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
@@ -519,7 +570,7 @@ class TorchThinker(LogBackedThinker[_Session]):
         """Feed the session's pending log tokens (up to ``upto``) through its own cache; returns the last
         logits ``[1, V]``."""
         if sess.cache is None:
-            sess.cache = _LeaseCache(self._num_layers)
+            sess.cache = _LeaseCache(self._num_layers, self._own_reserve)
         pending = sess.log.tokens[sess.kv_len : upto]
         if not pending:
             raise ThinkerStateError(f"session {sess.sid!r} has no token to feed")
@@ -658,6 +709,7 @@ class TorchThinker(LogBackedThinker[_Session]):
                 for keys, values in (ly.tensors() for ly in group.cache.kv_layers)
             ],
             _ROW_SPARE,
+            self._own_reserve,
         )
 
     # ------------------------------------------------------------------ log and context
@@ -672,6 +724,28 @@ class TorchThinker(LogBackedThinker[_Session]):
     def _forget_kv(self, sess: _Session) -> None:
         sess.cache = None
         sess.kv_len = 0
+
+    @torch.inference_mode()
+    def _kv_after_trim(self, sess: _Session, kept: list[tuple[int, int]]) -> str:
+        """Shift trim (module docstring): the kept spans' cached columns move down, keys re-rotated."""
+        inv_freq = self._rope_inv_freq
+        if inv_freq is None or sess.cache is None or sess.kv_len == 0:
+            return super()._kv_after_trim(sess, kept)
+        assert not self._in_group(sess.sid), "a trimmed session is never decoding"
+        old = torch.cat([torch.arange(a, min(b, sess.kv_len)) for a, b in kept if a < sess.kv_len])
+        # The kept spans are in log order, so their cached tokens are a prefix of the trimmed log; the columns
+        # before the first dropped one (the system segment, at least) stay where they are.
+        delta = old - torch.arange(old.numel())
+        moved = delta.nonzero()
+        start = int(moved[0]) if moved.numel() else old.numel()
+        index = old[start:].to(self.device)
+        angles = -delta[start:].to(self.device, torch.float32)[:, None] * inv_freq[None, :]
+        angles = torch.cat((angles, angles), dim=-1)
+        cos, sin = angles.cos(), angles.sin()
+        for layer in sess.cache.kv_layers:
+            layer.shift(start, index, cos, sin)
+        sess.kv_len = int(old.numel())
+        return f"shifted: {sess.kv_len - start} columns moved, none recomputed"
 
     # ------------------------------------------------------------------ inspection
     def stats(self, sid: str) -> ThinkerStats:
@@ -756,6 +830,21 @@ def _quantize_linears(model: PreTrainedModel) -> None:
         warnings.simplefilter("ignore", UserWarning)
         qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
         torch.ao.quantization.quantize_dynamic(model, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
+
+
+def _shiftable_rope(model: PreTrainedModel) -> tuple[torch.Tensor | None, str]:
+    """The rotary inverse frequencies a shift trim re-rotates keys with, or None and why it cannot."""
+    mcfg = model.config
+    if mcfg.model_type not in _SHIFTABLE_MODEL_TYPES:
+        return None, f"model type {mcfg.model_type!r} is not known to use full half-rotation RoPE"
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    inv_freq = getattr(rotary, "inv_freq", None)
+    if not isinstance(inv_freq, torch.Tensor):
+        return None, "the model has no rotary embedding with inv_freq"
+    rope_type = str(getattr(rotary, "rope_type", "default"))
+    if rope_type not in _SHIFTABLE_ROPE_TYPES or float(getattr(rotary, "attention_scaling", 1.0)) != 1.0:
+        return None, f"RoPE type {rope_type!r} is not linear in the position"
+    return inv_freq.detach().to(torch.float32).clone(), ""
 
 
 def _cache_bytes(cache: _LeaseCache | None) -> int:

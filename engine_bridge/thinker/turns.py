@@ -354,29 +354,38 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
 
     def _trim(self, sess: S, need: int) -> bool:
         """Make room for ``need`` more tokens by dropping old turns (:func:`trim_plan`); the backend's
-        :meth:`_forget_kv` then drops the KV, which its next sync rebuilds once from the trimmed log."""
+        :meth:`_kv_after_trim` then fits the session's KV to the trimmed log."""
         limit = self.max_context_tokens
         drop = trim_plan(sess.log, limit, need, self.trim_to_fraction)
         if drop is None:
             return False
         before = len(sess.log)
+        kept = [(seg.start, seg.end) for i, seg in enumerate(sess.log.segments) if i not in drop]
         sess.log = sess.log.without_segments(drop)
+        how = self._kv_after_trim(sess, kept)
         log.info(
-            "session %s: context %d + %d > %d tokens; dropped %d old segment(s), rebuilding %d tokens",
+            "session %s: context %d + %d > %d tokens; dropped %d old segment(s), %d tokens kept (KV %s)",
             sess.sid,
             before,
             need,
             limit,
             len(drop),
             len(sess.log),
+            how,
         )
         sess.trims += 1
-        self._forget_kv(sess)
         return True
+
+    def _kv_after_trim(self, sess: S, kept: list[tuple[int, int]]) -> str:
+        """The log was rewritten to the old log's ``kept`` token spans, in order. By default the session's KV is
+        dropped and its next sync rebuilds it once from the trimmed log (exact). Returns what was done, for
+        the log line."""
+        self._forget_kv(sess)
+        return "rebuilt from the log"
 
     @abstractmethod
     def _forget_kv(self, sess: S) -> None:
-        """The log was rewritten (trimmed): whatever KV the session holds no longer matches it."""
+        """The log was rewritten: whatever KV the session holds no longer matches it."""
 
     def _stats(self, sess: S, *, resident: int, memory: int) -> ThinkerStats:
         return ThinkerStats(
