@@ -600,6 +600,50 @@ def test_rebuild_trim_recomputes_the_kept_log(tiny: LoadedModel) -> None:
     th.close("a")
 
 
+def test_group_changes_reuse_one_slab_and_stay_exact(tiny: LoadedModel) -> None:
+    """Torch backend: sessions join and leave the generation group (a row leaving from the middle, a group of
+    one, a rebuild) without allocating: each session's context is reserved at open, the batched cache lives in
+    one slab that is reused, and every token equals one session decoding alone, then and in the next turn."""
+    cfg = TorchThinkerConfig(model="tiny-random", decoding=GREEDY, max_context_tokens=256)
+    th, ref = TorchThinker(cfg, loaded=tiny), TorchThinker(cfg, loaded=tiny)
+    sids = ["a", "b", "c"]
+    for backend in (th, ref):
+        for sid in sids:
+            backend.open(sid, f"You are session {sid}.")
+            backend.append(sid, "user", f"Question number {ord(sid)} for {sid}?")
+    reserve = 256 * th.caps.kv_bytes_per_token
+    assert [th.stats(s).memory_bytes for s in sids] == [reserve] * 3  # resident from the open on
+    schedule = [sids] * 3 + [["a", "c"]] * 2 + [["c"]] + [["b", "c"]] * 2 + [sids] * 2
+    long_reply = DecodingSettings(max_tokens=40, ignore_eos=True)
+    for backend in (th, ref):
+        for sid in sids:
+            backend.begin_reply(sid, decoding=long_reply)
+    held: list[object] = []
+    for rnd in range(2):
+        for group in schedule:
+            out = th.step(group)
+            for sid in group:
+                assert out[sid].token_id == ref.step([sid])[sid].token_id, (rnd, group, sid)
+        assert th._slab is not None
+        state = [th.memory_bytes(), [k.data_ptr() for k, _ in th._slab]]
+        if rnd == 0:
+            held = state
+        else:
+            assert state == held, "a group change reallocated the KV"
+    for backend in (th, ref):
+        for sid in sids:
+            backend.end_reply(sid)
+    for sid in sids:
+        assert th.log(sid).tokens == ref.log(sid).tokens
+        assert th.stats(sid).resident_kv_tokens == len(th.log(sid))
+        th.append(sid, "user", "And then?")
+        ref.append(sid, "user", "And then?")
+    assert generate_together(th, sids) == {sid: generate(ref, sid) for sid in sids}
+    for sid in sids:
+        th.close(sid)
+    assert th.memory_bytes() == 0
+
+
 def test_example_turns_are_pinned_with_the_system_segment(make: Factory) -> None:
     """Example turns sit in the system segment's tail: the log's messages stay the conversation's own, the
     model sees the examples as earlier turns, and neither trimming nor a rollback ever removes them."""

@@ -18,17 +18,26 @@ be shifted this way fall back to it.
 Batched decode ("generation group"). ``step(sids)`` runs ONE forward pass for all given sessions although
 their caches have different lengths:
 
-* When the set of stepping sessions changes, their caches are merged into one batched ``DynamicCache`` by
-  LEFT-padding each session's keys/values with zeros to the longest length. Cached keys are post-RoPE, so
-  moving them to another column does not change them; a boolean ``valid`` matrix ``[B, L]`` records which
-  columns are real.
+* When the set of stepping sessions changes, their caches are copied into one batched cache by LEFT-padding
+  each session's keys/values to the longest length. Cached keys are post-RoPE, so moving them to another column
+  does not change them; a boolean ``valid`` matrix ``[B, L]`` records which columns are real.
 * Each forward gets an explicit 4D boolean mask (``valid`` AND causal) and explicit per-row ``position_ids``
   (each session's own log positions), so padding is invisible to the math: masked keys get exactly zero
   weight. Rows that need several tokens in one step (a session whose reply just began feeds its 4-token
   assistant header) are left-padded in the input too; those pad queries write masked, never-read columns.
-* Later steps with the same set append to the batched cache. When a session leaves (reply done, barge-in,
-  close) its row is cut out with only its valid columns, and the group is narrowed; when a session joins,
-  the group is split back into per-session caches and rebuilt.
+* Later steps with the same set append to the batched cache. A session keeps its own cache while it is in the
+  group (untouched there), so when it leaves (reply done, barge-in) only the columns the group added for it
+  are copied back; its row is then filled with the group's last row, so the group narrows without a copy of
+  the others. When a session joins, every row is copied back and the group is rebuilt.
+
+Memory that stays put. A session's own cache is allocated for its whole context when the session opens
+(``reserve_kv``, the pages written then, so the KV an admitted session may grow to is resident from the start)
+and the batched cache lives in one slab per layer, ``[rows, heads, context + reply, head_dim]``, kept while any
+session is open and grown only when a group has more rows than any before. Group changes, which happen at every
+reply's start and end, then allocate nothing: before, each built a new batched cache and each leaving session a
+new cache of its own, tens of MB of ever-different sizes a minute whose freed holes the C heap kept (a 10-minute
+six-session soak swung by ±10 % RSS on them). The cost is that the KV of sessions decoding together is held
+twice (their own caches and the slab): at most ``max_sessions`` x ``max_context_tokens`` more.
 
 Exactness: padded attention is the same function, but batched matmuls and a longer softmax reduce in a
 different order, so logits differ from single-session ones at float rounding level. In fp32 (the default)
@@ -73,10 +82,9 @@ from .turns import LogBackedThinker, ReplyPolicy, ReplyProgress, SessionRecord, 
 
 log = logging.getLogger(__name__)
 
-#: Spare KV columns allocated with a merged group cache (a typical reply's decode steps fit without regrowth)
-#: and with a session's own cache when it leaves the group (end-of-turn marker + the next user message).
+#: Spare KV columns of the generation group's slab beyond the longest log and a whole reply (the header steps'
+#: left padding), so that a group's decode steps never regrow its cache.
 _GROUP_SPARE = 64
-_ROW_SPARE = 64
 
 #: Model types whose attention applies HF's half-rotation RoPE to every layer's keys, which a shift trim can
 #: re-rotate (partial or interleaved rotary embeddings, or layers without RoPE, fall back to a rebuild).
@@ -118,8 +126,9 @@ class TorchThinkerConfig:
     #: How the KV follows a trim (module docstring): ``shift`` moves the kept columns (no recompute),
     #: ``rebuild`` re-prefills the trimmed log (exact, seconds per trim on a CPU).
     context_trim: Literal["shift", "rebuild"] = "shift"
-    #: Each session's own cache is allocated for its whole context when it is first filled, so it never regrows
-    #: (no copy at 1.25x steps, no heap holes of ever larger sizes); pages become resident as the context fills.
+    #: Each session's own cache is allocated (and written, so resident) for its whole context when the session
+    #: opens: it never regrows (no copy at 1.25x steps, no heap holes of ever larger sizes) and the process's
+    #: memory does not creep up as conversations get longer. False: caches grow on demand.
     reserve_kv: bool = True
     max_sessions: int = 16
     #: KV budget for admission. Each session reserves ``max_context_tokens`` worth of KV, so a session that
@@ -175,10 +184,13 @@ class _KVLayer(DynamicLayer):
 
     def _alloc(self, like: torch.Tensor, capacity: int) -> None:
         b, h, _, d = like.shape
-        # Uninitialised: ``keys``/``values`` only ever view the written columns, and an untouched page of a
-        # reserved buffer costs no memory until the context reaches it.
-        kbuf = like.new_empty((b, h, max(capacity, self._reserve), d))
-        vbuf = torch.empty_like(kbuf)
+        if capacity <= self._reserve:
+            # Written now, so the reservation is resident from the start, not a creep as the context fills.
+            kbuf = like.new_zeros((b, h, self._reserve, d))
+        else:
+            # ``keys``/``values`` only ever view the written columns: no need to initialise.
+            kbuf = like.new_empty((b, h, capacity, d))
+        vbuf = torch.zeros_like(kbuf) if capacity <= self._reserve else torch.empty_like(kbuf)
         if self._kbuf is not None and self._len:
             kbuf[:, :, : self._len] = self._kbuf[:, :, : self._len]
             vbuf[:, :, : self._len] = self._vbuf[:, :, : self._len]  # type: ignore[index]
@@ -196,6 +208,11 @@ class _KVLayer(DynamicLayer):
         self._len = n
         self.keys = self._kbuf[:, :, :n]
         self.values = self._vbuf[:, :, :n]
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write columns after the filled ones."""
+        assert self._kbuf is not None, "append() extends a filled layer"
+        self._write(keys, values)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
@@ -241,6 +258,10 @@ class _KVLayer(DynamicLayer):
         self.keys = self._kbuf[:, :, : self._len]
         self.values = self._vbuf[:, :, : self._len]
 
+    def views(self, buffer: torch.Tensor) -> bool:
+        """Whether the keys live in ``buffer`` (the generation group's slab)."""
+        return self._kbuf is not None and self._kbuf.data_ptr() == buffer.data_ptr()
+
     def nbytes(self) -> int:
         if self._kbuf is None or self._vbuf is None:
             return 0
@@ -252,13 +273,6 @@ class _LeaseCache(DynamicCache):
 
     def __init__(self, num_layers: int, reserve: int = 0) -> None:
         Cache.__init__(self, layers=[_KVLayer(reserve) for _ in range(num_layers)])
-
-    @classmethod
-    def of(cls, layers: list[tuple[torch.Tensor, torch.Tensor]], spare: int, reserve: int = 0) -> _LeaseCache:
-        cache = cls(len(layers), reserve)
-        for layer, (k, v) in zip(cache.kv_layers, layers, strict=True):
-            layer.fill(k, v, spare)
-        return cache
 
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.kv_layers)
@@ -278,7 +292,8 @@ class _Reply(ReplyProgress):
 
 @dataclass(slots=True)
 class _Session(SessionRecord):
-    #: Own cache; None while the session's KV lives in the generation group.
+    #: Own cache. While the session is in the generation group it holds the columns it had when the group was
+    #: built (``_Group.base``), and the group holds those plus what was added since.
     cache: _LeaseCache | None = None
     #: Number of log tokens whose KV is computed (the cache covers ``log.tokens[:kv_len]``).
     kv_len: int = 0
@@ -293,6 +308,8 @@ class _Group:
     cache: _LeaseCache
     #: ``[B, L]`` bool: True where a cache column holds a real token of that row.
     valid: torch.Tensor
+    #: Columns at build time: every row's columns from here on were added in the group.
+    base: int
 
     def row(self, sid: str) -> int:
         return self.sids.index(sid)
@@ -332,6 +349,7 @@ class TorchThinker(LogBackedThinker[_Session]):
         elem = torch.empty((), dtype=self.loaded.dtype).element_size()
         self._num_layers = int(mcfg.num_hidden_layers)
         self._kv_bytes_per_token = 2 * self._num_layers * kv_heads * head_dim * elem
+        self._kv_shape = (kv_heads, head_dim)
         self._rope_inv_freq: torch.Tensor | None = None
         if cfg.context_trim == "shift":
             self._rope_inv_freq, why_not = _shiftable_rope(self.model)
@@ -357,6 +375,10 @@ class TorchThinker(LogBackedThinker[_Session]):
         self._stop_tensor = torch.tensor(sorted(self._stop_ids), dtype=torch.long, device=self.device)
         self._sessions: dict[str, _Session] = {}
         self._group: _Group | None = None
+        #: Per layer, the (keys, values) buffers the generation group's cache views (module docstring).
+        self._slab: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        #: Columns of the slab: the longest log plus a whole reply and the header steps' padding.
+        self._slab_columns = cfg.max_context_tokens + self._reply_reserve(cfg.decoding) + _GROUP_SPARE
         log.info(
             "thinker %s ready: %s, %d thread(s), %d KiB KV/token, max context %d, loaded in %.2f s",
             self.loaded.name,
@@ -424,6 +446,8 @@ class TorchThinker(LogBackedThinker[_Session]):
             self._leave_group({sid}, keep_kv=False)
         sess.cache = None
         sess.reply = None
+        if not self._sessions:
+            self._slab = None  # nothing left to batch: the memory goes back
 
     # ------------------------------------------------------------------ messages
     def append(
@@ -569,6 +593,8 @@ class TorchThinker(LogBackedThinker[_Session]):
     def _forward_own(self, sess: _Session, upto: int | None = None) -> torch.Tensor:
         """Feed the session's pending log tokens (up to ``upto``) through its own cache; returns the last
         logits ``[1, V]``."""
+        if self._in_group(sess.sid):
+            self._leave_group({sess.sid}, keep_kv=True)  # its own cache must be whole before it is fed
         if sess.cache is None:
             sess.cache = _LeaseCache(self._num_layers, self._own_reserve)
         pending = sess.log.tokens[sess.kv_len : upto]
@@ -655,62 +681,88 @@ class TorchThinker(LogBackedThinker[_Session]):
         self._build_group(sids)
 
     def _build_group(self, sids: list[str]) -> None:
-        """Merge the sessions' own caches into one left-padded batched cache (one copy of each row)."""
+        """Copy the sessions' own caches into the slab, left-padded to the longest (one copy of each row)."""
         sessions = [self._sessions[s] for s in sids]
         caches = [s.cache for s in sessions]
         if any(c is None for c in caches):
             raise ThinkerStateError("a session outside the generation group has no cache")
         lens = [s.kv_len for s in sessions]
         width = max(lens)
+        slab = self._slab_for(len(sessions), width + _GROUP_SPARE)
         merged = _LeaseCache(self._num_layers)
         for li, layer in enumerate(merged.kv_layers):
-            rows = [c.kv_layers[li].tensors() for c in caches if c is not None]
-            k0 = rows[0][0]
-            kbuf = k0.new_zeros((len(sessions), k0.shape[1], width + _GROUP_SPARE, k0.shape[3]))
-            vbuf = torch.zeros_like(kbuf)
-            for r, ((keys, values), n) in enumerate(zip(rows, lens, strict=True)):
+            kslab, vslab = slab[li]
+            kbuf, vbuf = kslab[: len(sessions)], vslab[: len(sessions)]
+            for r, (cache, n) in enumerate(zip(caches, lens, strict=True)):
+                assert cache is not None
+                keys, values = cache.kv_layers[li].tensors()
+                # Pad columns keep whatever the slab held: real KV of an earlier group or zeros, finite either
+                # way, and a masked finite key or value contributes exactly nothing.
                 kbuf[r, :, width - n : width] = keys[0]
                 vbuf[r, :, width - n : width] = values[0]
             layer.adopt(kbuf, vbuf, width)
         valid = (torch.arange(width)[None, :] >= (width - torch.tensor(lens))[:, None]).to(self.device)
-        for sess in sessions:
-            sess.cache = None
-        self._group = _Group(list(sids), merged, valid)
+        self._group = _Group(list(sids), merged, valid, width)
+
+    def _slab_for(self, rows: int, columns: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The slab, grown (once, in the first minutes of a busy engine) if it is smaller than asked."""
+        have = self._slab
+        if have is not None and have[0][0].shape[0] >= rows and have[0][0].shape[2] >= columns:
+            return have
+        assert self._group is None, "the slab is reallocated only while no group uses it"
+        old_rows = have[0][0].shape[0] if have is not None else 0
+        self._slab = None  # freed before the new one is allocated
+        heads, head_dim = self._kv_shape
+        shape = (max(rows, old_rows), heads, max(columns, self._slab_columns), head_dim)
+        log.info("generation group slab: %d rows x %d columns", shape[0], shape[2])
+        dtype, dev = self.loaded.dtype, self.device
+        self._slab = [
+            (torch.zeros(shape, dtype=dtype, device=dev), torch.zeros(shape, dtype=dtype, device=dev))
+            for _ in range(self._num_layers)
+        ]
+        return self._slab
 
     @torch.inference_mode()
     def _leave_group(self, leaving: set[str], *, keep_kv: bool) -> None:
-        """Take sessions out of the group. With ``keep_kv`` each gets back its own cache of its valid columns
+        """Take sessions out of the group. With ``keep_kv`` each gets back the columns the group added to it
         (a closing session passes False and its row is just dropped). A group left with one session is
         dissolved: a lone session decodes faster without masks and padding."""
         group = self._group
         assert group is not None
-        stay = [s for s in group.sids if s not in leaving]
-        dissolve = len(stay) < 2
+        dissolve = len([s for s in group.sids if s not in leaving]) < 2
         for sid in group.sids:
             if (sid in leaving and keep_kv) or (sid not in leaving and dissolve):
-                self._sessions[sid].cache = self._row_cache(group, group.row(sid))
+                self._copy_back(group, group.row(sid), self._sessions[sid])
         if dissolve:
             self._group = None
             return
-        idx = torch.tensor([group.row(s) for s in stay], dtype=torch.long, device=self.device)
-        valid = group.valid.index_select(0, idx)
-        first = int(valid.any(dim=0).nonzero()[0])  # columns that are padding in every remaining row go away
-        layers = [
-            (keys.index_select(0, idx)[:, :, first:], values.index_select(0, idx)[:, :, first:])
-            for keys, values in (ly.tensors() for ly in group.cache.kv_layers)
-        ]
-        self._group = _Group(stay, _LeaseCache.of(layers, _GROUP_SPARE), valid[:, first:])
+        layers = group.cache.kv_layers
+        length = group.valid.shape[1]
+        for sid in sorted(leaving & set(group.sids), key=group.row, reverse=True):
+            # The last row moves into the leaving one's place (rows stay [0, B)); the other rows stay put.
+            r, last = group.row(sid), len(group.sids) - 1
+            if r != last:
+                for layer in layers:
+                    keys, values = layer.tensors()
+                    keys[r] = keys[last]
+                    values[r] = values[last]
+                group.valid[r] = group.valid[last]
+                group.sids[r] = group.sids[last]
+            group.sids.pop()
+            for layer in layers:
+                assert layer._kbuf is not None and layer._vbuf is not None
+                layer.adopt(layer._kbuf[:last], layer._vbuf[:last], length)
+            group.valid = group.valid[:last]
 
-    def _row_cache(self, group: _Group, r: int) -> _LeaseCache:
-        cols = group.valid[r].nonzero().squeeze(1)
-        return _LeaseCache.of(
-            [
-                (keys[r : r + 1].index_select(2, cols), values[r : r + 1].index_select(2, cols))
-                for keys, values in (ly.tensors() for ly in group.cache.kv_layers)
-            ],
-            _ROW_SPARE,
-            self._own_reserve,
-        )
+    def _copy_back(self, group: _Group, r: int, sess: _Session) -> None:
+        """Append to the session's own cache the columns the group holds for it beyond ``base``."""
+        assert sess.cache is not None
+        cols = group.valid[r, group.base :].nonzero().squeeze(1) + group.base
+        if cols.numel():
+            for own, layer in zip(sess.cache.kv_layers, group.cache.kv_layers, strict=True):
+                keys, values = layer.tensors()
+                own.append(keys[r : r + 1].index_select(2, cols), values[r : r + 1].index_select(2, cols))
+        assert sess.cache.get_seq_length() == sess.kv_len, "the own cache must cover the whole KV"
 
     # ------------------------------------------------------------------ log and context
     def _truncate(self, sess: _Session, k: int) -> None:
@@ -722,7 +774,8 @@ class TorchThinker(LogBackedThinker[_Session]):
             sess.kv_len = k
 
     def _forget_kv(self, sess: _Session) -> None:
-        sess.cache = None
+        if sess.cache is not None and sess.kv_len:
+            sess.cache.crop(-sess.kv_len)  # empty, its buffers kept for the rebuild
         sess.kv_len = 0
 
     @torch.inference_mode()
@@ -750,12 +803,11 @@ class TorchThinker(LogBackedThinker[_Session]):
     # ------------------------------------------------------------------ inspection
     def stats(self, sid: str) -> ThinkerStats:
         sess = self._get(sid)
+        memory = _cache_bytes(sess.cache)
         if self._in_group(sid):
             assert self._group is not None
-            # Its share of the batched cache, padding included: that is what it costs while it decodes.
-            memory = self._group.cache.nbytes() // len(self._group.sids)
-        else:
-            memory = _cache_bytes(sess.cache)
+            # Plus its share of the batched cache, padding included: what it costs while it decodes.
+            memory += self._group.cache.nbytes() // len(self._group.sids)
         return self._stats(sess, resident=sess.kv_len, memory=memory)
 
     def is_generating(self, sid: str) -> bool:
@@ -763,8 +815,11 @@ class TorchThinker(LogBackedThinker[_Session]):
 
     def memory_bytes(self) -> int:
         total = sum(_cache_bytes(s.cache) for s in self._sessions.values())
-        if self._group is not None:
-            total += _cache_bytes(self._group.cache)
+        if self._slab is not None:
+            total += sum(k.nbytes + v.nbytes for k, v in self._slab)
+        group = self._group
+        if group is not None and (self._slab is None or not group.cache.kv_layers[0].views(self._slab[0][0])):
+            total += _cache_bytes(group.cache)  # it outgrew the slab (a reply longer than planned)
         return total
 
     def describe(self) -> dict[str, object]:
