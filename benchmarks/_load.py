@@ -35,6 +35,35 @@ QUIET_AFTER_REPLY_S = 1.2
 BARGE_AFTER_S = 0.5
 TURN_TIMEOUT_S = 25.0
 NAN = float("nan")
+#: What the model answers the callers' questions, for a history that stands for minutes of conversation.
+ANSWERS = [
+    "The capital of France is Paris, a city famous for the Eiffel Tower and its museums.",
+    "A spider has eight legs, which makes it an arachnid and not an insect.",
+    "The sky is blue on a clear day, because air scatters blue sunlight the most.",
+    "Two plus two is four, one of the first sums most children learn.",
+    "The largest planet is Jupiter, a gas giant more than eleven times as wide as Earth.",
+    "There are seven days in a week, from Monday to Sunday.",
+    "The capital of Italy is Rome, which is nearly three thousand years old.",
+    "Bees make honey from the nectar of flowers, and they store it in wax combs.",
+    "The opposite of hot is cold, like ice compared with a cup of tea.",
+    "A cow says moo, and it usually lives on a farm with other cattle.",
+]
+
+
+def earlier_turns(tokens: int) -> list[dict[str, Any]]:
+    """``session.start`` input items: the callers' own questions and answers, repeated until they hold about
+    ``tokens`` tokens (SmolLM2's chat template: ~4 characters a token plus ~5 tokens a message). A conversation
+    that starts with them is one that has been talking for minutes: its context is as long as a soak's."""
+    items: list[dict[str, Any]] = []
+    total = 0
+    i = 0
+    while total < tokens:
+        q, a = QUESTIONS[i % len(QUESTIONS)], ANSWERS[i % len(ANSWERS)]
+        items.append({"role": "user", "content": [{"type": "input_text", "text": q}]})
+        items.append({"role": "assistant", "content": [{"type": "output_text", "text": a}]})
+        total += (len(q) + len(a)) // 4 + 10
+        i += 1
+    return items
 
 
 @dataclass
@@ -59,11 +88,18 @@ class ScriptedCaller:
         self.turns: list[Turn] = []
 
     @classmethod
-    async def open(cls, url: str, index: int, api_key: str | None = None) -> ScriptedCaller:
+    async def open(
+        cls, url: str, index: int, api_key: str | None = None, *, history_tokens: int = 0
+    ) -> ScriptedCaller:
+        """A session, started with about ``history_tokens`` of earlier turns (:func:`earlier_turns`)."""
         client = await LiveClient.connect(url, api_key=api_key)
-        started = await client.start(
-            {"model": "gpt-live-1", "audio": {"format": {"type": "audio/pcm", "rate": RATE}}}
-        )
+        config: dict[str, Any] = {
+            "model": "gpt-live-1",
+            "audio": {"format": {"type": "audio/pcm", "rate": RATE}},
+        }
+        if history_tokens:
+            config["input"] = earlier_turns(history_tokens)
+        started = await client.start(config, timeout=60.0)
         if not isinstance(started, wire.SessionStarted):
             await client.close()
             raise RuntimeError(f"session.start refused: {started}")

@@ -5,7 +5,11 @@ and, in this process, N scripted callers over the Live WebSocket (benchmarks/_lo
 microphone at real time for the whole call, asks ``--turns`` questions (Piper speech), measures each answer where it
 hears it (its last audible sample → the answer's first audible sample) and waits for the answer to play out, except
 on every third turn, where it barges in half a second into the answer with its next question. The callers start
-staggered over two seconds, as real callers do not speak in lockstep.
+staggered over two seconds, as real callers do not speak in lockstep. Each conversation starts with
+``--history-tokens`` of earlier turns (its own questions and answers, as ``session.start`` input): 1,600 by default,
+the context a conversation settles at after a few minutes (the thinker trims at 2,048 tokens down to 1,536). A
+ramp of fresh conversations measures their first minute only, and overstates what holds for half an hour: the
+engine's decode steps and attention grow with the context (``--history-tokens 0`` measures fresh ones).
 
 N = 1, 2, 3, ... up to ``--max-sessions``; an N holds **at real time** when:
 
@@ -21,7 +25,7 @@ row of the same run (one conversation alone on the server). Engine and server CP
 Everything shares this machine's cores (server, engine, callers): the figure is what this box holds.
 
     python benchmarks/capacity.py [--max-sessions 16] [--turns 4] [--p95-bound-ms 4000] [--backend torch|vllm]
-                                  [--result capacity.json] [--quick]
+                                  [--history-tokens 1600] [--result capacity.json] [--quick]
 
 Last stdout line: one JSON object with ``sessions_realtime`` and ``p50_ms``/``p95_ms`` at that N (null when even
 N = 1 failed), the per-N rows and the bounds. ``--result`` also writes it to a file benchmarks/soak.py reads.
@@ -64,10 +68,16 @@ def _progress(turn: Turn, n: int) -> None:
 
 
 async def run_step(
-    server: ServerProcess, n: int, turns: int, barge_every: int, bounds: dict[str, float]
+    server: ServerProcess,
+    n: int,
+    turns: int,
+    barge_every: int,
+    bounds: dict[str, float],
+    history_tokens: int,
 ) -> dict[str, Any]:
     engine_pid = server.engine_pid()
-    callers = [await ScriptedCaller.open(server.url, i) for i in range(n)]
+    # One after another: each open prefills its history in the engine before session.started.
+    callers = [await ScriptedCaller.open(server.url, i, history_tokens=history_tokens) for i in range(n)]
     try:
         await asyncio.sleep(1.0)  # settle: every microphone open, silent
         before = await asyncio.to_thread(losses, server.url)
@@ -160,12 +170,21 @@ async def main() -> None:
     ap.add_argument("--max-underruns-per-turn", type=float, default=2.0)
     ap.add_argument("--backend", default="torch", choices=("torch", "vllm"))
     ap.add_argument(
+        "--history-tokens",
+        type=int,
+        default=1600,
+        help="earlier turns each conversation starts with (0: fresh conversations)",
+    )
+    ap.add_argument(
         "--result", type=Path, help="also write the JSON result here (benchmarks/soak.py reads it)"
     )
-    ap.add_argument("--quick", action="store_true", help="N up to 2, 3 turns each (one a barge-in)")
+    ap.add_argument(
+        "--quick", action="store_true", help="N up to 2, 3 turns each (one a barge-in), 200 tokens of history"
+    )
     args = ap.parse_args()
     max_n, turns = (min(2, args.max_sessions), 3) if args.quick else (args.max_sessions, args.turns)
     barge_every = 2 if args.quick else args.barge_every  # a barge-in in every caller's few turns
+    history_tokens = min(200, args.history_tokens) if args.quick else args.history_tokens
     bounds = {"p95_ms": args.p95_bound_ms, "underruns_per_turn": args.max_underruns_per_turn}
     t0 = time.monotonic()
     server = await asyncio.to_thread(
@@ -175,7 +194,7 @@ async def main() -> None:
     steps: list[dict[str, Any]] = []
     try:
         for n in range(1, max_n + 1):
-            steps.append(await run_step(server, n, turns, barge_every, bounds))
+            steps.append(await run_step(server, n, turns, barge_every, bounds, history_tokens))
             s = steps[-1]
             print(
                 f"N={n}: p50 {s['p50_ms']:.0f} ms, p95 {s['p95_ms']:.0f} ms, "
@@ -192,7 +211,8 @@ async def main() -> None:
     passed = [s for s in steps if s["realtime"]]
     best = passed[-1] if passed else None
     print(
-        f"(backend {args.backend}; {turns} turns per caller; server start-up {startup_s:.0f} s; "
+        f"(backend {args.backend}; {turns} turns per caller, each conversation starting with ~{history_tokens} "
+        f"tokens of earlier turns; server start-up {startup_s:.0f} s; "
         f"wall time {time.monotonic() - t0:.0f} s)"
     )
     result: dict[str, Any] = {
@@ -204,6 +224,7 @@ async def main() -> None:
         "first_failing": next((s["sessions"] for s in steps if not s["realtime"]), None),
         "max_sessions_tried": max_n,
         "turns_per_caller": turns,
+        "history_tokens": history_tokens,
         "backend": args.backend,
         "bounds": {**bounds, "received_rate_min": RECEIVED_RATE_MIN},
         "startup_s": startup_s,

@@ -31,6 +31,7 @@ from livekit_omni.worker_ids import owner_of
 from media.webrtc import enable_loopback_ice
 from tests.conftest import ServerProcess, start_server
 from tests.test_realtime_webrtc import call, post_offer, wait_for_state
+from tests.test_resume import channel_event, cut_network, energy, tone48k
 
 API_KEY = "sk-workers"
 MAX_SESSIONS = 4
@@ -287,6 +288,67 @@ async def test_webrtc_resume_offer_reaches_the_owner(server: ServerProcess) -> N
             await c.close()
     finally:
         await caller.close()
+
+
+async def test_a_webrtc_call_cut_by_an_ice_failure_resumes_through_the_other_worker(
+    server: ServerProcess,
+) -> None:
+    """A WebRTC call whose network dies detaches on its worker (ICE consent lost); the resume offer, sent on a
+    connection the *other* worker accepted (its /health says which), is relayed to the owner and the same
+    engine session goes on over the new peer."""
+    first = WebRTCCaller(loop=False)
+    second = WebRTCCaller(np.concatenate([np.zeros(24000, np.int16), tone48k(1.0)]), loop=False)
+    try:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                server.url + "/v1/live/sessions",
+                json={"session": {"model": "m"}, "transport": {"type": "webrtc", "sdp": await first.offer()}},
+                headers=AUTH,
+            ) as r,
+        ):
+            body = await r.json()
+            assert r.status == 200, body
+        sid = body["session"]["id"]
+        owner = owner_of(sid)
+        await first.accept(body["transport"]["sdp"])
+        await asyncio.wait_for(first.opened.wait(), 10)
+        token = (await channel_event(first, "session.started"))["resume_token"]
+        assert isinstance(token, str) and token
+        detached = await metric_sum(server, "livekit_omni_sessions_detached_total")
+        cut_network(first)
+        deadline = time.monotonic() + 60  # consent expires after about 30 s of silence
+        while await metric_sum(server, "livekit_omni_sessions_detached_total") <= detached:
+            assert time.monotonic() < deadline, "the ICE failure never detached the session"
+            await asyncio.sleep(0.5)
+
+        before = await relayed(server, "http")
+        resume = {"resume_token": token, "transport": {"type": "webrtc", "sdp": await second.offer()}}
+        for _ in range(ATTEMPTS):
+            # One connection for both requests: the resume goes to the worker that answered the /health.
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:
+                async with http.get(server.url + "/health", headers=AUTH) as r:
+                    if (await r.json())["worker"]["index"] == owner:
+                        continue
+                async with http.post(server.url + "/v1/live/sessions", json=resume, headers=AUTH) as r:
+                    body = await r.json()
+                    assert r.status == 200, body
+            break
+        else:
+            raise AssertionError(f"{ATTEMPTS} connections all landed on the owner, worker {owner}")
+        assert await relayed(server, "http") > before, "the resume offer was not relayed to the owner"
+        assert body["session"]["id"] == sid
+        await second.accept(body["transport"]["sdp"])
+        await asyncio.wait_for(second.opened.wait(), 10)
+        again = await channel_event(second, "session.started")
+        assert again["session"]["id"] == sid and again["resume_token"] not in (None, token)
+        deadline = time.monotonic() + 15
+        while energy(second.received_audio()) < 0.5 * energy(tone48k(1.0)):
+            assert time.monotonic() < deadline, "no echo on the new peer after the resume"
+            await asyncio.sleep(0.2)
+    finally:
+        await first.close()
+        await second.close()
 
 
 async def test_realtime_call_hangup_and_sideband_work_from_either_worker(server: ServerProcess) -> None:
