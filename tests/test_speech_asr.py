@@ -15,10 +15,11 @@ from engine_bridge.speech.asr import (
     Transcriber,
     Transcript,
     WhisperTranscriber,
+    is_repetition_loop,
     make_transcriber,
 )
 from engine_bridge.speech.text import text_words
-from tests.speech_fixtures import noise, silence, speech_bounds_ms, synthesize_speech
+from tests.speech_fixtures import add_noise, noise, silence, speech_bounds_ms, synthesize_speech
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +77,9 @@ def test_fitted_window_hears_a_spoken_question_as_the_full_window_does(
     assert isinstance(whisper, WhisperTranscriber) and whisper.window == "fit"
     pcm = synthesize_speech(text, lead_silence_ms=300, tail_silence_ms=200, noise_db=-50.0)
     fit, full = whisper.transcribe(pcm), whisper_full.transcribe(pcm)
-    assert text_words(fit.text) == text_words(full.text) == text_words(text), (fit.text, full.text)
+    assert text_words(fit.text) == text_words(full.text), (fit.text, full.text)
+    # Every word that carries the question is heard (tiny.en may swap an article: "a spider" -> "the spider").
+    assert {w for w in text_words(text) if len(w) > 3} <= set(text_words(fit.text)), fit.text
     # The fitted encoder saw the utterance plus 3 s of padding; the full one whisper's whole 30 s.
     assert full.window_ms == 30_000
     assert fit.audio_ms + 3_000 <= fit.window_ms <= fit.audio_ms + 3_030
@@ -154,15 +157,86 @@ def test_silence_and_noise_give_empty_text(which: str, request: pytest.FixtureRe
 
 def test_a_short_word_after_a_pause_is_heard(whisper: Transcriber) -> None:
     """The caller's second turn of ``benchmarks/endpointing.py``'s 900 ms control, exactly as the engine handed it
-    to whisper (300 ms of prefix padding, "planet?", 270 ms of silence): whisper's timestamped decode gives no
-    segment at all, and the turn went unanswered; the plain decode hears the word."""
+    to whisper (300 ms of prefix padding, "planet?", 270 ms of silence): the timestamped decode once gave no segment
+    at all (the turn went unanswered), and in a 4 s fitted window "Planet... Planet..."; heard once, it is right."""
     pcm = synthesize_speech("planet?", rate=16_000, lead_silence_ms=0, tail_silence_ms=0)
     start_ms, end_ms = speech_bounds_ms(pcm, 16_000)
     word = pcm[start_ms * 16 : end_ms * 16]
     clip = np.concatenate([silence(300), word, silence(270)])
     result = whisper.transcribe(clip)
-    assert "planet" in result.text.lower(), result
-    assert result.words and not result.word_timing_measured, "the plain decode's words, spread evenly"
+    assert text_words(result.text) == ["planet"], result
+    assert result.words
+
+
+SHORT_REPLIES = [
+    "yes",
+    "no",
+    "Paris.",
+    "okay",
+    "Thanks.",
+    "Hello?",
+    "What is it?",
+    "Why?",
+    "Right.",
+    "Alice.",
+]
+
+
+@pytest.mark.parametrize("noise_db", [None, -50.0])
+def test_short_replies_are_heard_once_not_in_a_loop(whisper: Transcriber, noise_db: float | None) -> None:
+    """One- to three-word turns as the VAD hands them over. In a fitted 4 s window whisper tiny.en looped on most
+    of them ("Paris Paris Paris Paris ..."); short clips get a 15 s window."""
+    looped, missed = [], []
+    for text in SHORT_REPLIES:
+        pcm = synthesize_speech(text, rate=16_000, lead_silence_ms=0, tail_silence_ms=0)
+        start_ms, end_ms = speech_bounds_ms(pcm, 16_000)
+        clip = np.concatenate([silence(300), pcm[start_ms * 16 : end_ms * 16], silence(270)])
+        if noise_db is not None:
+            clip = add_noise(clip, noise_db, seed=1)
+        heard = whisper.transcribe(clip).text
+        if is_repetition_loop(heard) or len(text_words(heard)) > len(text_words(text)) + 1:
+            looped.append(heard)
+        if text_words(text)[-1] not in text_words(heard):
+            missed.append((text, heard))
+    assert not looped, looped
+    # tiny.en's own mishearings of a lone word ("Why?" as "Y") are not what this test is about: allow one.
+    assert len(missed) <= 1, missed
+
+
+def test_a_looping_decode_in_a_fitted_window_is_decoded_again_in_the_full_one(whisper: Transcriber) -> None:
+    assert isinstance(whisper, WhisperTranscriber)
+    pcm = synthesize_speech("yes", rate=16_000, lead_silence_ms=0, tail_silence_ms=0)
+    start_ms, end_ms = speech_bounds_ms(pcm, 16_000)
+    clip = np.concatenate([silence(300), pcm[start_ms * 16 : end_ms * 16], silence(270)])
+    # The window this clip got before short clips were given 15 s: whisper loops in it.
+    fitted = len(clip) // 160 + 1 + 300
+    # (Measured without the guard: "Yes. Yes. Yes. Yes. Yes. Yes".) The encoder's last window shows whether the
+    # guard decoded again in whisper's own 30 s window.
+    text, _, _ = whisper._run(clip, window_frames=fitted + fitted % 2)
+    assert whisper._model.encoder_frames == 3000, "no second decode: the fitted one did not loop, or was kept"
+    assert not is_repetition_loop(text) and "yes" in text_words(text), text
+    # A clip that does not loop is decoded once, in its own window.
+    whisper.transcribe(clip)
+    assert whisper._model.encoder_frames == whisper.window_frames(len(clip)) < 3000
+
+
+def test_repetition_loops_are_told_from_speech() -> None:
+    for text in (
+        "Yes. Yes. Yes.",
+        "Paris Paris Paris Paris",
+        "What is it? What is it? What is it",
+        "Y, Y, Y, Y,",
+    ):
+        assert is_repetition_loop(text), text
+    for text in (
+        "no no",
+        "Tell me more.",
+        "Yes please, yes please.",
+        "",
+        "Right. Right.",
+        "one two three one two",
+    ):
+        assert not is_repetition_loop(text), text
 
 
 def test_rejects_non_int16(whisper: Transcriber) -> None:
