@@ -155,15 +155,19 @@ def test_silence_and_noise_give_empty_text(which: str, request: pytest.FixtureRe
         assert result.text == "" and result.words == (), (level_db, result)
 
 
+def as_the_vad_hands_it(text: str) -> npt.NDArray[np.int16]:
+    """``text`` spoken, cut to its audible samples, with the engine's 300 ms of prefix padding before and the 270 ms
+    of silence its endpointer waits after: the clip whisper gets for a turn."""
+    pcm = synthesize_speech(text, rate=16_000, lead_silence_ms=0, tail_silence_ms=0)
+    start_ms, end_ms = speech_bounds_ms(pcm, 16_000)
+    return np.concatenate([silence(300), pcm[start_ms * 16 : end_ms * 16], silence(270)])
+
+
 def test_a_short_word_after_a_pause_is_heard(whisper: Transcriber) -> None:
     """The caller's second turn of ``benchmarks/endpointing.py``'s 900 ms control, exactly as the engine handed it
     to whisper (300 ms of prefix padding, "planet?", 270 ms of silence): the timestamped decode once gave no segment
     at all (the turn went unanswered), and in a 4 s fitted window "Planet... Planet..."; heard once, it is right."""
-    pcm = synthesize_speech("planet?", rate=16_000, lead_silence_ms=0, tail_silence_ms=0)
-    start_ms, end_ms = speech_bounds_ms(pcm, 16_000)
-    word = pcm[start_ms * 16 : end_ms * 16]
-    clip = np.concatenate([silence(300), word, silence(270)])
-    result = whisper.transcribe(clip)
+    result = whisper.transcribe(as_the_vad_hands_it("planet?"))
     assert text_words(result.text) == ["planet"], result
     assert result.words
 
@@ -188,9 +192,7 @@ def test_short_replies_are_heard_once_not_in_a_loop(whisper: Transcriber, noise_
     of them ("Paris Paris Paris Paris ..."); short clips get a 15 s window."""
     looped, missed = [], []
     for text in SHORT_REPLIES:
-        pcm = synthesize_speech(text, rate=16_000, lead_silence_ms=0, tail_silence_ms=0)
-        start_ms, end_ms = speech_bounds_ms(pcm, 16_000)
-        clip = np.concatenate([silence(300), pcm[start_ms * 16 : end_ms * 16], silence(270)])
+        clip = as_the_vad_hands_it(text)
         if noise_db is not None:
             clip = add_noise(clip, noise_db, seed=1)
         heard = whisper.transcribe(clip).text
@@ -205,9 +207,7 @@ def test_short_replies_are_heard_once_not_in_a_loop(whisper: Transcriber, noise_
 
 def test_a_looping_decode_in_a_fitted_window_is_decoded_again_in_the_full_one(whisper: Transcriber) -> None:
     assert isinstance(whisper, WhisperTranscriber)
-    pcm = synthesize_speech("yes", rate=16_000, lead_silence_ms=0, tail_silence_ms=0)
-    start_ms, end_ms = speech_bounds_ms(pcm, 16_000)
-    clip = np.concatenate([silence(300), pcm[start_ms * 16 : end_ms * 16], silence(270)])
+    clip = as_the_vad_hands_it("yes")
     # The window this clip got before short clips were given 15 s: whisper loops in it.
     fitted = len(clip) // 160 + 1 + 300
     # (Measured without the guard: "Yes. Yes. Yes. Yes. Yes. Yes".) The encoder's last window shows whether the

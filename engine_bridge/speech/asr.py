@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from engine_bridge.devices import Device, whisper_placement
 from engine_bridge.formats import ENGINE_INPUT_RATE, samples_to_ms
-from engine_bridge.speech.text import normalize_text
+from engine_bridge.speech.text import normalize_text, text_words
 
 if TYPE_CHECKING:
     from faster_whisper import WhisperModel
@@ -328,8 +328,7 @@ class WhisperTranscriber(Transcriber):
 def is_repetition_loop(text: str, min_repeats: int = 3, max_unit_words: int = 4) -> bool:
     """Whether ``text`` is one phrase of up to ``max_unit_words`` words said ``min_repeats`` times or more in a
     row and nothing else (the last repeat may be cut short): whisper's decoding loop, not speech."""
-    words = [normalize_text(w) for w in text.split()]
-    words = [w for w in words if w]
+    words = text_words(text)
     for unit in range(1, max_unit_words + 1):
         if len(words) >= unit * min_repeats and all(w == words[i % unit] for i, w in enumerate(words)):
             return True
