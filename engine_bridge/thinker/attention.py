@@ -5,9 +5,11 @@ given; with a mask it first copies every key and value head once per query head 
 (``repeat_kv``). The torch thinker passes an explicit boolean mask to every batched decode step and every
 later-turn prefill, so with SmolLM2 (9 query heads on 3 KV heads) each layer copied the group's whole KV
 three-fold on every step: work that grows with the context, and the reason a 30-minute soak's p95 rose 1.47x
-as the conversations lengthened. torch's own kernel takes the mask and ``enable_gqa`` together on CPU and CUDA
-and gives bit-identical results to the copied heads (checked in tests/test_thinker_attention.py), at a
-quarter of the time at 3,000 columns (measured there too).
+as the conversations lengthened. torch's ``scaled_dot_product_attention`` takes the mask and ``enable_gqa``
+together; on CPU it gives bit-identical results to the copied heads (tests/test_thinker_attention.py) in about a
+fifth of the time at 3,000 columns (a micro-benchmark of one layer: 6.7 vs 1.4 ms for 4 rows), and
+benchmarks/engine_batch.py ``--compare-attention`` measures the whole model. On CUDA torch picks the kernel itself
+(its math kernel where a fused one lacks grouped support); not measured there (no GPU was available).
 
 Everything else follows transformers' ``sdpa`` function: causal only when no mask is given and more than one
 query, the module's scaling, outputs as ``[batch, query, heads, head_dim]``.
