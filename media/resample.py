@@ -16,6 +16,12 @@ every turn and of every barge-in (docs/architecture.md, Budgets, leaves ~50 ms o
 barge-in speech is counted). ``LQ`` is smoother but its passband ends at 0.8 of Nyquist; ``QQ`` does not filter
 aliases at all. The polyphase FIR below costs 10–40 µs per 20 ms frame (soxr: 6–14 µs), well inside the 0.2 ms
 budget, passes 0–0.45·min(rate) flat and rejects aliases by ≥ 70 dB.
+
+The polyphase path's per-call work runs in C (``media._polyphase``, built at install; ``NATIVE`` says whether it
+was) and in numpy otherwise, with the same filter and plan. The numpy path computes each phase's convolution over
+the whole input and keeps every ``M``-th output; the C one computes only the outputs it returns, in one call:
+for the co-located LiveKit plugin's 48→16 kHz caller frame that was the largest cost per frame
+(benchmarks/plugin_paths.py).
 """
 
 from __future__ import annotations
@@ -27,6 +33,13 @@ from typing import Final
 import numpy as np
 import soxr
 
+try:  # the per-call FIR work in C; optional (see media/_polyphase.c and pyproject.toml)
+    import media._polyphase as _polyphase
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _polyphase = None  # type: ignore[assignment]  # a module or None; NATIVE says which
+
+#: True when PolyphaseResampler.process runs in C (media._polyphase); False on the numpy path.
+NATIVE: Final = _polyphase is not None
 #: Largest numerator/denominator of a rate ratio handled by the polyphase path (48k↔8k is 6).
 MAX_POLYPHASE_FACTOR: Final = 12
 
@@ -123,10 +136,13 @@ class PolyphaseResampler(Resampler):
 
     Output sample ``j`` is ``y[j] = Σ_n h[jM − nL] · x[n]``. Input is consumed in whole periods of ``M`` samples
     (``L`` outputs each); a remainder below ``M`` waits for the next call, so any chunking of the same stream gives
-    bit-identical output. Per call the work is ``L`` numpy convolutions (``n_in × taps`` multiply-adds in all).
+    bit-identical output. Per call the work is one C call computing ``n_out × taps`` multiply-adds (``native``,
+    the default when built), or ``L`` numpy convolutions (``n_in × taps`` multiply-adds in all).
     """
 
-    def __init__(self, in_rate: int, out_rate: int, *, attenuation_db: float = 70.0) -> None:
+    def __init__(
+        self, in_rate: int, out_rate: int, *, attenuation_db: float = 70.0, native: bool = NATIVE
+    ) -> None:
         self.in_rate = in_rate
         self.out_rate = out_rate
         up, down, h = design_lowpass(in_rate, out_rate, attenuation_db=attenuation_db)
@@ -144,6 +160,18 @@ class PolyphaseResampler(Resampler):
         self._npending = 0
         self._xe = np.zeros(self.taps - 1 + 4096, dtype=np.float32)
         self._y = np.zeros(4096, dtype=np.float32)
+        self._core: _polyphase.PolyphaseCore | None = None
+        if native:
+            if _polyphase is None:
+                raise RuntimeError("the native resampler core (media._polyphase) is not built")
+            # Residue r's phase filter reversed (the convolution becomes a dot product over consecutive input).
+            bank = np.concatenate([g[::-1] for g, _ in self._plan]).astype(np.float32)
+            self._core = _polyphase.PolyphaseCore(bank, [q for _, q in self._plan], up, down)
+
+    @property
+    def native(self) -> bool:
+        """Whether this resampler's work runs in C."""
+        return self._core is not None
 
     @property
     def delay_ms(self) -> float:
@@ -151,6 +179,11 @@ class PolyphaseResampler(Resampler):
 
     def process(self, pcm: np.ndarray) -> np.ndarray:
         _check_pcm(pcm)
+        core = self._core
+        if core is not None:
+            out = np.empty(core.out_samples(pcm.shape[0]), dtype=np.int16)
+            core.process(pcm, out)
+            return out
         up, down, k1 = self.up, self.down, self.taps - 1
         total = self._npending + pcm.shape[0]
         periods = total // down
@@ -184,7 +217,8 @@ class PolyphaseResampler(Resampler):
         return y.astype(np.int16)
 
     def flush(self) -> np.ndarray:
-        pad = -(-(self.taps + self._npending) // self.down) * self.down - self._npending
+        pending = self._core.pending if self._core is not None else self._npending
+        pad = -(-(self.taps + pending) // self.down) * self.down - pending
         out = self.process(np.zeros(pad, dtype=np.int16))
         self.reset()
         return out
@@ -192,6 +226,8 @@ class PolyphaseResampler(Resampler):
     def reset(self) -> None:
         self._hist[:] = 0
         self._npending = 0
+        if self._core is not None:
+            self._core.reset()
 
 
 class SoxrResampler(Resampler):

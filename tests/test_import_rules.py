@@ -124,10 +124,13 @@ def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
 
 
 def module_files(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
-    """Dotted module name -> file, for every ``.py`` file under each package folder of ``root``."""
+    """Dotted module name -> file, for every ``.py`` file under each package folder of ``root``, and for every
+    compiled extension module, by its type stub (``.pyi`` without a ``.py``; e.g. ``media._polyphase``): a leaf
+    that imports nothing of the project, but a module of its own, not an attribute of its package."""
     out: dict[str, Path] = {}
     for package in packages:
-        for path in sorted((root / package).rglob("*.py")):
+        stubs = [p for p in (root / package).rglob("*.pyi") if not p.with_suffix(".py").exists()]
+        for path in sorted([*(root / package).rglob("*.py"), *stubs]):
             parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]

@@ -1,4 +1,5 @@
-"""media.resample: exact lengths, chunking invariance, response, the soxr fallback and identity."""
+"""media.resample: exact lengths, chunking invariance, response, the soxr fallback and identity; the polyphase
+resampler's C core (media._polyphase) and its numpy path against the same cases, and against each other."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 
 from media.resample import (
+    NATIVE,
     IdentityResampler,
     PolyphaseResampler,
     Resampler,
@@ -15,6 +17,15 @@ from media.resample import (
 
 RATES = [8000, 16000, 24000, 48000]
 PAIRS = [(a, b) for a in RATES for b in RATES if a != b]
+#: The polyphase resampler's two paths: numpy always, C where the module was built (Linux with a compiler:
+#: test_the_c_core_is_built_where_a_compiler_is checks that it was).
+PATHS = [pytest.param(False, id="numpy")] + ([pytest.param(True, id="native")] if NATIVE else [])
+
+
+def _poly(a: int, b: int, native: bool) -> PolyphaseResampler:
+    r = PolyphaseResampler(a, b, native=native)
+    assert r.native is native
+    return r
 
 
 def _noise(n: int, seed: int = 0) -> np.ndarray:
@@ -32,11 +43,12 @@ def test_twenty_ms_frames_give_exact_twenty_ms_out(a: int, b: int) -> None:
     assert r.delay_ms < 3.0
 
 
+@pytest.mark.parametrize("native", PATHS)
 @pytest.mark.parametrize(("a", "b"), PAIRS)
-def test_any_chunking_gives_identical_output(a: int, b: int) -> None:
+def test_any_chunking_gives_identical_output(a: int, b: int, native: bool) -> None:
     x = _noise(a // 5, seed=3)
-    whole = Resampler.for_rates(a, b).process(x)
-    r = Resampler.for_rates(a, b)
+    whole = _poly(a, b, native).process(x)
+    r = _poly(a, b, native)
     rng = np.random.default_rng(7)
     parts, pos = [], 0
     while pos < len(x):
@@ -47,11 +59,12 @@ def test_any_chunking_gives_identical_output(a: int, b: int) -> None:
     assert len(whole) == len(x) * b // a
 
 
+@pytest.mark.parametrize("native", PATHS)
 @pytest.mark.parametrize(("a", "b"), [(24000, 48000), (48000, 16000), (24000, 16000), (8000, 16000)])
-def test_matches_the_direct_fir_formula(a: int, b: int) -> None:
+def test_matches_the_direct_fir_formula(a: int, b: int, native: bool) -> None:
     up, down, h = design_lowpass(a, b)
     x = _noise(a // 20, seed=5)
-    y = Resampler.for_rates(a, b).process(x).astype(np.float64)
+    y = _poly(a, b, native).process(x).astype(np.float64)
     # y[j] = sum_n h[j*M - n*L] x[n]
     xf = x.astype(np.float64)
     for j in range(0, len(y), 37):
@@ -98,18 +111,55 @@ def test_identity_and_soxr_fallback() -> None:
     assert isinstance(Resampler.for_rates(24000, 48000, low_latency=False), SoxrResampler)
 
 
-def test_reset_forgets_history_and_flush_drains() -> None:
-    r = Resampler.for_rates(24000, 48000)
+@pytest.mark.parametrize("native", PATHS)
+def test_reset_forgets_history_and_flush_drains(native: bool) -> None:
+    r = _poly(24000, 48000, native)
     r.process(_noise(480))
     r.reset()
     assert not r.process(np.zeros(480, np.int16)).any()  # no tail of the earlier audio
-    tail = Resampler.for_rates(24000, 48000)
+    tail = _poly(24000, 48000, native)
     tail.process(np.full(480, 10000, np.int16))
     assert tail.flush().any()
+    # A period left pending (48 -> 16 kHz consumes 3 samples at a time) is forgotten by reset, drained by flush.
+    down = _poly(48000, 16000, native)
+    assert down.process(np.full(2, 20000, np.int16)).shape == (0,)
+    drained = down.flush()
+    assert drained.shape[0] > 0 and drained.any()
+    assert not down.process(np.zeros(960, np.int16)).any()  # flush started a fresh stream
 
 
-def test_rejects_bad_input() -> None:
+@pytest.mark.skipif(not NATIVE, reason="media._polyphase is not built (no C compiler)")
+@pytest.mark.parametrize(("a", "b"), PAIRS)
+def test_the_c_core_and_numpy_agree_to_the_last_bit(a: int, b: int) -> None:
+    """Same filter and plan: only the order of the float32 additions differs, so at most 1 LSB apart; clipped
+    full-scale input clips alike."""
+    c, py = _poly(a, b, True), _poly(a, b, False)
+    rng = np.random.default_rng(11)
+    for i in range(40):
+        n = int(rng.integers(0, 2 * a // 50))
+        x = _noise(n, seed=100 + i) if i % 5 else np.full(n, 32767 if i % 2 else -32768, np.int16)
+        yc, yp = c.process(x), py.process(x)
+        assert yc.dtype == np.int16 and yc.shape == yp.shape
+        assert np.abs(yc.astype(np.int32) - yp.astype(np.int32)).max(initial=0) <= 1
+    assert np.abs(c.flush().astype(np.int32) - py.flush().astype(np.int32)).max(initial=0) <= 1
+
+
+def test_the_c_core_is_built_where_a_compiler_is() -> None:
+    """The install compiles media._polyphase (optional, like the ring core): with gcc on Linux it must be there,
+    or the plugin's co-located frame silently pays the numpy path."""
+    import shutil
+    import sys
+
+    if sys.platform == "linux" and shutil.which("gcc"):
+        assert NATIVE
+    assert Resampler.for_rates(48000, 16000).native is NATIVE  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("native", PATHS)
+def test_rejects_bad_input(native: bool) -> None:
     with pytest.raises(TypeError):
-        Resampler.for_rates(16000, 48000).process(np.zeros(10, np.float32))
+        _poly(16000, 48000, native).process(np.zeros(10, np.float32))
+    with pytest.raises(TypeError):
+        _poly(16000, 48000, native).process(np.zeros((2, 10), np.int16))
     with pytest.raises(ValueError):
         Resampler.for_rates(0, 16000)
