@@ -181,6 +181,9 @@ class PolyphaseResampler(Resampler):
         _check_pcm(pcm)
         core = self._core
         if core is not None:
+            if not pcm.flags.c_contiguous:
+                # The C core reads one contiguous buffer; a channel of interleaved stereo is a strided view.
+                pcm = np.ascontiguousarray(pcm)
             out = np.empty(core.out_samples(pcm.shape[0]), dtype=np.int16)
             core.process(pcm, out)
             return out

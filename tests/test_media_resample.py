@@ -144,6 +144,17 @@ def test_the_c_core_and_numpy_agree_to_the_last_bit(a: int, b: int) -> None:
     assert np.abs(c.flush().astype(np.int32) - py.flush().astype(np.int32)).max(initial=0) <= 1
 
 
+@pytest.mark.parametrize("native", PATHS)
+def test_a_strided_view_resamples_like_its_copy(native: bool) -> None:
+    """One channel of interleaved stereo is a strided view; the C core reads contiguous buffers only."""
+    stereo = _noise(2 * 960, seed=9)
+    left = stereo[::2]
+    assert not left.flags.c_contiguous
+    assert np.array_equal(
+        _poly(48000, 16000, native).process(left), _poly(48000, 16000, native).process(left.copy())
+    )
+
+
 def test_the_c_core_is_built_where_a_compiler_is() -> None:
     """The install compiles media._polyphase (optional, like the ring core): with gcc on Linux it must be there,
     or the plugin's co-located frame silently pays the numpy path."""
