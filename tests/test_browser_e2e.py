@@ -30,7 +30,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from engine_bridge.speech.asr import WhisperTranscriber
-from engine_bridge.speech.text import normalize_text
+from engine_bridge.speech.text import normalize_text, text_words
 from livekit_omni.settings import Settings
 from tests.browser import launch_chromium, page_call, pull_capture, wait_until, write_fake_mic
 from tests.conftest import ServerProcess, start_server
@@ -222,11 +222,18 @@ class Timeline:
 # --- tests ------------------------------------------------------------------------------------------------------
 
 
+#: The question the page's fake microphone asks, and the word its answer must hold. Through Chromium's capture,
+#: whisper tiny.en on an AVX2 VM heard this voice's "France" as "friends" in 2 of 2 calls ("The capital of friends
+#: is New York City."; 1 of 19 on an AVX-512 VM); "Germany" was heard in 4 of 4.
+BROWSER_QUESTION = "What is the capital of Germany?"
+BROWSER_ANSWER = "berlin"
+
+
 def test_spoken_question_is_answered_in_the_browser(
     idle_server: ServerProcess, output_dir: Path, asr: WhisperTranscriber
 ) -> None:
     wav = output_dir / "fake-mic.wav"
-    write_fake_mic(wav, "What is the capital of France?")
+    write_fake_mic(wav, BROWSER_QUESTION)
     with launch_chromium(output_dir, fake_mic_wav=wav) as driver:
         open_page(driver, idle_server)
         assert connect(driver)["mic"]["echoCancellation"] is False, "?aec=0 turns audio processing off"
@@ -244,7 +251,7 @@ def test_spoken_question_is_answered_in_the_browser(
             driver,
             lambda d: (
                 (t := page_call(d, "transcripts"))
-                and any("paris" in normalize_text(m["text"]) for m in model_turns(t))
+                and any(BROWSER_ANSWER in normalize_text(m["text"]) for m in model_turns(t))
                 and t
             ),
             timeout=45,
@@ -271,7 +278,7 @@ def test_spoken_question_is_answered_in_the_browser(
     callers = caller_turns(report["transcripts"])
     assert len(callers) == 1, report["transcripts"]
     heard_by_server = normalize_text(callers[0]["text"])
-    assert "capital" in heard_by_server and "france" in heard_by_server, callers
+    assert "capital" in heard_by_server and "germany" in heard_by_server, callers
     assert report["events"][0]["type"] == "session.started"
     assert report["errors"] == []
     assert any(m["type"] == "end" for m in report["transcripts"] if m["kind"] == "marker")
@@ -282,8 +289,15 @@ def test_spoken_question_is_answered_in_the_browser(
     frame_db = 20 * np.log10(np.maximum(np.sqrt(np.mean(frames**2, axis=1)) / 32767, 1e-9))
     assert frame_db.max() > -30, f"the received audio peaks at {frame_db.max():.1f} dBFS"
     assert np.count_nonzero(frame_db > REMOTE_SPEECH_DB) * 0.01 > 0.8, "under 0.8 s of received speech"
-    heard = normalize_text(asr.transcribe(soxr.resample(pcm, rate, 16_000).astype(np.int16)).text)
-    assert "paris" in heard, f"whisper heard {heard!r} in the audio the browser received"
+    # Whether whisper spells the answer's city right is not the point (it heard "Berlin" as "bralen" in 1 of 3
+    # calls): the audio must be the answer the page shows, most of its words heard in it.
+    answer_words = text_words(model_turns(report["transcripts"])[0]["text"])
+    heard = text_words(asr.transcribe(soxr.resample(pcm, rate, 16_000).astype(np.int16)).text)
+    assert BROWSER_ANSWER in answer_words, answer_words
+    missing = [w for w in answer_words if w not in heard]
+    assert len(missing) <= max(1, len(answer_words) // 5), (
+        f"whisper heard {heard} in the audio the browser received; the answer was {answer_words}"
+    )
 
     # The page's response time: one per answer, shown on the answer, and the same as what the level timelines
     # say (end of the caller's speech → first sound of the answer).
@@ -448,7 +462,7 @@ def test_a_lost_connection_resumes_the_same_session_and_the_call_goes_on(
     resume token, and once the server runs again (SIGCONT) the same session goes on: same id, one engine session,
     no error, and a question asked after the resume is answered."""
     wav = output_dir / "fake-mic.wav"
-    write_fake_mic(wav, "What is the capital of France?", RESUME_MIC_LEAD_MS)
+    write_fake_mic(wav, BROWSER_QUESTION, RESUME_MIC_LEAD_MS)
     with launch_chromium(output_dir, fake_mic_wav=wav) as driver:
         open_page(driver, idle_server)
         before = connect(driver)
@@ -474,7 +488,7 @@ def test_a_lost_connection_resumes_the_same_session_and_the_call_goes_on(
         wait_until(
             driver,
             lambda d: any(
-                "paris" in normalize_text(m["text"]) for m in model_turns(page_call(d, "transcripts"))
+                BROWSER_ANSWER in normalize_text(m["text"]) for m in model_turns(page_call(d, "transcripts"))
             ),
             timeout=RESUME_MIC_LEAD_MS / 1000 + 45,
             what="the answer to the question asked after the resume",
