@@ -24,7 +24,7 @@ from engine_bridge.thinker.model_store import (
     ensure_converted,
     load_model,
 )
-from engine_bridge.thinker.prompting import SPOKEN_DECODING, ChatFormat, ends_sentence
+from engine_bridge.thinker.prompting import SPOKEN_DECODING, SPOKEN_EXAMPLES, ChatFormat, ends_sentence
 from engine_bridge.thinker.torch_backend import DEFAULT_DTYPE, TorchThinker, TorchThinkerConfig
 
 pytestmark = pytest.mark.slow
@@ -174,6 +174,15 @@ def test_spoken_questions_get_short_answers(real: TorchThinker) -> None:
             1 for i in range(1, len(text) + 1) if ends_sentence(text[:i]) and text[i : i + 1] in ("", " ")
         )
         assert sentences <= 2, text
+
+
+def test_a_name_the_caller_gave_is_recalled(real: TorchThinker) -> None:
+    real.open("alice", decoding=SPOKEN_DECODING, examples=SPOKEN_EXAMPLES)
+    first, _, _ = ask(real, "alice", "My name is Alice. What is the capital of France?")
+    second, _, _ = ask(real, "alice", "What is my name?")
+    real.close("alice")
+    assert "Paris" in first, first
+    assert "Alice" in second, second
 
 
 def test_bfloat16_keeps_the_greedy_answer() -> None:

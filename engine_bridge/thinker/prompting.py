@@ -55,7 +55,13 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful voice assistant. Answer in one short 
 #: on 20 other questions and 5 other names: accuracy 0.65 -> 0.65, name recall 0.60 -> 0.80, 15.5 -> 8.6
 #: tokens. So they fix the format (short answers, "Your name is ...") and recall, not the model's knowledge.
 #: Written into the system prompt as text instead of as turns they did not help accuracy (0.75). Costs ~90
-#: prompt tokens, prefilled once when a session opens. The example name can leak ("... Tom.") once in ~30.
+#: prompt tokens, prefilled once when a session opens. Known flaw: the example name leaks. Asked as text, 12 of 20
+#: openings in which the caller gives no name come back addressed to Tom ("Good morning!" -> "Good morning, Tom.").
+#: A greeting turn and a "You have not told me your name yet." turn before the name exchange bring that to 1 of
+#: 20 at the same accuracy, but then a storyteller's instructions get a five-word story (the turns' short form
+#: wins over the instructions); the not-told turn with the facts first keeps the stories and leaks in 3 of 20, but
+#: loses what the session's developer context asks for (tests/test_engine_cascade.py's bakery). Neither is
+#: shipped yet: benchmarks/answer_text.py measures all three (docs/benchmarks.md).
 SPOKEN_EXAMPLES: tuple[Message, ...] = (
     Message("user", "What is the capital of Spain?"),
     Message("assistant", "The capital of Spain is Madrid."),
