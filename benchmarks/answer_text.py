@@ -18,14 +18,16 @@ example turns (``engine.thinker.spoken_examples``) on what the example turns the
   words of the reply to "Tell me a long story about a dragon and a knight." (the spoken decoding caps it at two
   sentences / 48 tokens): example turns must not override what a client's instructions ask for.
 
-Sets compared in the same run: ``none`` (no example turns: the baseline), ``shipped``
-(``prompting.SPOKEN_EXAMPLES``: three facts, then "My name is Tom ..." answered "Nice to meet you, Tom. ..."), and
-two candidates against its leaking name: ``greeting-first`` ("Hello!" answered without a name, "What is my name?"
-answered "You have not told me your name yet.", the name exchange without the greeting, the facts) and
-``facts-first`` (the facts, the not-told turn, the name exchange without the greeting). Deterministic for one
-machine (greedy); another CPU's kernels can flip an answer.
+Sets compared in the same run: ``none`` (no example turns: the baseline); ``shipped``, what a voice session
+gets: ``prompting.SPOKEN_EXAMPLES`` (three facts, then "My name is Tom ..." answered "Nice to meet you, Tom. ...")
+with their name banned from replies until the caller says it (``prompting.SPOKEN_EXAMPLE_NAMES`` as
+``DecodingSettings.unprompted_words``); ``shipped-no-ban``, the same turns without the ban (what shipped before);
+and two other sets of turns tried against the leaking name before the ban: ``greeting-first`` ("Hello!" answered
+without a name, "What is my name?" answered "You have not told me your name yet.", the name exchange without the
+greeting, the facts) and ``facts-first`` (the facts, the not-told turn, the name exchange without the greeting).
+Deterministic for one machine (greedy); another CPU's kernels can flip an answer.
 
-    python benchmarks/answer_text.py [--sets none,shipped,greeting-first,facts-first] [--quick]
+    python benchmarks/answer_text.py [--sets none,shipped,shipped-no-ban,greeting-first,facts-first] [--quick]
 
 Last stdout line: JSON with, per set, ``accuracy_a``, ``accuracy_b``, ``name_recall``, ``name_leaks`` (count of
 20), ``story_words``, and the shipped set's figures at the top level.
@@ -34,6 +36,7 @@ Last stdout line: JSON with, per set, ``accuracy_a``, ``accuracy_b``, ``name_rec
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import time
 from collections.abc import Sequence
@@ -44,7 +47,7 @@ from _common import finish
 from answer_quality import EXCHANGES, NAME_QUESTION, QUESTIONS, correct, mentions
 
 from engine_bridge.thinker.base import Message
-from engine_bridge.thinker.prompting import SPOKEN_DECODING, SPOKEN_EXAMPLES
+from engine_bridge.thinker.prompting import SPOKEN_DECODING, SPOKEN_EXAMPLE_NAMES, SPOKEN_EXAMPLES
 from engine_bridge.thinker.torch_backend import TorchThinker, TorchThinkerConfig
 
 #: Questions of the same kind as answer_quality.py's, for checking that a set does not fit only those.
@@ -109,13 +112,16 @@ _NAME_PLAIN = (
     Message("assistant", "Your name is Tom."),
 )
 _FACTS = SPOKEN_EXAMPLES[:6]  # the shipped set's three facts
-#: Candidates against the shipped set's leaking name (see prompting.SPOKEN_EXAMPLES): a greeting and the not-told
-#: turn first, facts last; or the facts first, then the not-told turn and the name exchange without a greeting.
-SETS: dict[str, tuple[Message, ...]] = {
-    "none": (),
-    "shipped": SPOKEN_EXAMPLES,
-    "greeting-first": (*_HELLO, *_NOT_TOLD, *_NAME_PLAIN, *_FACTS),
-    "facts-first": (*_FACTS, *_NOT_TOLD, *_NAME_PLAIN),
+#: Each set: its example turns, and the names replies may not say unprompted (``unprompted_words``). ``shipped``
+#: is what a voice session gets; ``shipped-no-ban`` the same turns before the ban; the two candidates were tried
+#: against the leaking name before the ban (see prompting.SPOKEN_EXAMPLES): a greeting and the not-told turn
+#: first, facts last; or the facts first, then the not-told turn and the name exchange without a greeting.
+SETS: dict[str, tuple[tuple[Message, ...], tuple[str, ...]]] = {
+    "none": ((), ()),
+    "shipped": (SPOKEN_EXAMPLES, SPOKEN_EXAMPLE_NAMES),
+    "shipped-no-ban": (SPOKEN_EXAMPLES, ()),
+    "greeting-first": ((*_HELLO, *_NOT_TOLD, *_NAME_PLAIN, *_FACTS), ()),
+    "facts-first": ((*_FACTS, *_NOT_TOLD, *_NAME_PLAIN), ()),
 }
 STORYTELLER = "You are a storyteller. Always answer at length, in many sentences."
 STORY_REQUEST = "Tell me a long story about a dragon and a knight."
@@ -134,12 +140,17 @@ class Asker:
         self._n = 0
 
     def ask(
-        self, examples: Sequence[Message], turns: Sequence[str], instructions: str | None = None
+        self,
+        examples: Sequence[Message],
+        turns: Sequence[str],
+        instructions: str | None = None,
+        banned_names: tuple[str, ...] = (),
     ) -> list[str]:
         """A fresh session with ``examples``; each turn's whole reply, kept in the conversation."""
         self._n += 1
         sid, th = f"text-{self._n}", self.thinker
-        th.open(sid, instructions, [], decoding=SPOKEN_DECODING, examples=examples)
+        decoding = dataclasses.replace(SPOKEN_DECODING, unprompted_words=banned_names)
+        th.open(sid, instructions, [], decoding=decoding, examples=examples)
         out: list[str] = []
         try:
             for text in turns:
@@ -163,7 +174,9 @@ def is_leak(reply: str, names: tuple[str, ...]) -> bool:
     return mentions(reply, names) or bool(re.search(r"\byour name is [a-z]+", reply.lower()))
 
 
-def evaluate(asker: Asker, name: str, examples: tuple[Message, ...], quick: bool = False) -> dict[str, Any]:
+def evaluate(
+    asker: Asker, name: str, examples: tuple[Message, ...], banned: tuple[str, ...], quick: bool = False
+) -> dict[str, Any]:
     """One set's figures; ``quick`` asks the first 4 questions of each set, 2 exchanges and 5 openings."""
     t0 = time.perf_counter()
     misses: list[str] = []
@@ -176,7 +189,7 @@ def evaluate(asker: Asker, name: str, examples: tuple[Message, ...], quick: bool
     ):
         ok = 0
         for q, keywords in questions:
-            reply = asker.ask(examples, [q])[0]
+            reply = asker.ask(examples, [q], banned_names=banned)[0]
             if correct(q, reply, keywords):
                 ok += 1
             else:
@@ -184,7 +197,7 @@ def evaluate(asker: Asker, name: str, examples: tuple[Message, ...], quick: bool
         acc[label] = ok / len(questions)
     recalled = 0
     for person, q, _ in exchanges:
-        first, second = asker.ask(examples, [f"My name is {person}. {q}", NAME_QUESTION])
+        first, second = asker.ask(examples, [f"My name is {person}. {q}", NAME_QUESTION], banned_names=banned)
         if mentions(second, (person,)):
             recalled += 1
         else:
@@ -192,11 +205,11 @@ def evaluate(asker: Asker, name: str, examples: tuple[Message, ...], quick: bool
     names = example_names(examples)
     leaks = 0
     for opening in openings:
-        reply = asker.ask(examples, [opening])[0]
+        reply = asker.ask(examples, [opening], banned_names=banned)[0]
         if is_leak(reply, names):
             leaks += 1
             misses.append(f"leak: {opening!r} -> {reply!r}")
-    story = asker.ask(examples, [STORY_REQUEST], STORYTELLER)[0]
+    story = asker.ask(examples, [STORY_REQUEST], STORYTELLER, banned)[0]
     took = time.perf_counter() - t0
     print(f"== {name}: {len(examples)} example turns, {took:.0f} s")
     for m in misses:
@@ -224,7 +237,7 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown sets {unknown}; choose from {list(SETS)}")
     asker = Asker()
-    results = {name: evaluate(asker, name, SETS[name], args.quick) for name in chosen}
+    results = {name: evaluate(asker, name, *SETS[name], args.quick) for name in chosen}
     print()
     print(f"{'example turns':15} {'acc A':>6} {'acc B':>6} {'recall':>7} {'leaks':>9} {'story words':>12}")
     for name, r in results.items():

@@ -675,6 +675,57 @@ def test_example_turns_are_pinned_with_the_system_segment(make: Factory) -> None
     th.close("a")
 
 
+def _whole_words(tok: Any, tokens: list[int]) -> list[tuple[int, str]]:
+    """(position, word) of each generated token that is a whole word of letters whose own encoding (with or
+    without a leading space) starts with that token: a word whose ban must catch exactly that token."""
+    out: list[tuple[int, str]] = []
+    for i, t in enumerate(tokens):
+        word = tok.decode([t]).strip()
+        if len(word) >= 3 and word.isascii() and word.isalpha():
+            if any(tok.encode(f, add_special_tokens=False)[:1] == [t] for f in (word, " " + word)):
+                out.append((i, word))
+    return out
+
+
+def test_an_unprompted_word_is_not_said_until_the_conversation_says_it(
+    make: Factory, tiny: LoadedModel
+) -> None:
+    """``unprompted_words`` (the example turns' names): the reply cannot produce the word's token, and decodes
+    exactly as without the ban up to that point; once a user turn says the word, the ban is lifted and the
+    reply is the unbanned one, the word included."""
+    th = make()
+    free = DecodingSettings(max_tokens=40)
+
+    def reply(sid: str, user: str, decoding: DecodingSettings) -> list[int]:
+        th.open(sid, "You are a test assistant.", [Message("user", user)])
+        try:
+            return reply_tokens(th, sid, decoding=decoding)
+        finally:
+            th.close(sid)
+
+    plain = reply("free", "Tell me a story.", free)
+    words = _whole_words(tiny.tokenizer, plain)
+    assert words, f"no whole-word token in the reply {plain}"
+    at, word = words[0]
+    got = reply("banned", "Tell me a story.", DecodingSettings(max_tokens=40, unprompted_words=(word,)))
+    assert got[:at] == plain[:at]
+    assert plain[at] not in got, (word, plain, got)
+    # Lifted: a conversation whose user turn says the word, and whose unbanned reply says it too (searched
+    # among the words above, so the check can fail: a ban still in force would change this reply).
+    for at, word in words:
+        said = f"Tell me a story. {word}"
+        unbanned = reply("said-free", said, free)
+        if plain[at] in unbanned:
+            break
+    else:
+        raise AssertionError(
+            f"none of {words} is said again once the caller has said it; pick another prompt"
+        )
+    assert reply("said", said, DecodingSettings(max_tokens=40, unprompted_words=(word,))) == unbanned
+    with pytest.raises(ValueError):
+        DecodingSettings(unprompted_words=("two words",))
+
+
 # ------------------------------------------------------------------------------------------- torch only
 def test_prompt_injection_of_turn_markers_is_plain_text(tiny: LoadedModel) -> None:
     th = TorchThinker(TorchThinkerConfig(model="tiny-random", decoding=GREEDY), loaded=tiny)

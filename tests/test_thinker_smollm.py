@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine_bridge.config import EngineSettings
 from engine_bridge.thinker.base import DecodingSettings, ThinkerBackend
+from engine_bridge.thinker.factory import spoken_decoding, spoken_examples
 from engine_bridge.thinker.model_store import (
     ABANDONED_AFTER_S,
     DEFAULT_MODEL,
@@ -23,8 +25,15 @@ from engine_bridge.thinker.model_store import (
     cache_root,
     ensure_converted,
     load_model,
+    load_tokenizer,
 )
-from engine_bridge.thinker.prompting import SPOKEN_DECODING, SPOKEN_EXAMPLES, ChatFormat, ends_sentence
+from engine_bridge.thinker.prompting import (
+    SPOKEN_DECODING,
+    SPOKEN_EXAMPLE_NAMES,
+    SPOKEN_EXAMPLES,
+    ChatFormat,
+    ends_sentence,
+)
 from engine_bridge.thinker.torch_backend import DEFAULT_DTYPE, TorchThinker, TorchThinkerConfig
 
 pytestmark = pytest.mark.slow
@@ -176,13 +185,47 @@ def test_spoken_questions_get_short_answers(real: TorchThinker) -> None:
         assert sentences <= 2, text
 
 
+def _voice_session(real: TorchThinker, sid: str) -> None:
+    """A session as the engine opens a voice session with the default settings: the example turns, and the
+    default spoken decoding (which bans their names until the caller says them)."""
+    settings = EngineSettings()
+    real.open(sid, decoding=spoken_decoding(settings), examples=spoken_examples(settings))
+
+
 def test_a_name_the_caller_gave_is_recalled(real: TorchThinker) -> None:
-    real.open("alice", decoding=SPOKEN_DECODING, examples=SPOKEN_EXAMPLES)
+    _voice_session(real, "alice")
     first, _, _ = ask(real, "alice", "My name is Alice. What is the capital of France?")
     second, _, _ = ask(real, "alice", "What is my name?")
     real.close("alice")
     assert "Paris" in first, first
     assert "Alice" in second, second
+
+
+def test_the_example_name_is_kept_from_callers_who_gave_none(real: TorchThinker) -> None:
+    """The example turns' name ("Tom") was said to 12 of 20 callers who gave no name; a caller who is called Tom
+    still hears it. Without the ban, the first two openings here get "Hi there, Tom." and "Hello, Tom."."""
+    assert SPOKEN_EXAMPLE_NAMES and all(
+        n in " ".join(m.text for m in SPOKEN_EXAMPLES) for n in SPOKEN_EXAMPLE_NAMES
+    )
+    for opening in ("Hi there, how are you?", "Hey!", "Nice to meet you.", "Say hello to me."):
+        _voice_session(real, "anon")
+        reply, _, _ = ask(real, "anon", opening)
+        real.close("anon")
+        assert not any(name.lower() in reply.lower() for name in SPOKEN_EXAMPLE_NAMES), (opening, reply)
+    _voice_session(real, "tom")
+    ask(real, "tom", "My name is Tom. What is the capital of France?")
+    second, _, _ = ask(real, "tom", "What is my name?")
+    real.close("tom")
+    assert "Tom" in second, second
+
+
+def test_the_example_names_are_one_token_each() -> None:
+    """The ban is on a word's first token (``DecodingSettings.unprompted_words``): a name of several tokens would
+    ban every word that starts like it."""
+    tok = load_tokenizer()
+    for name in SPOKEN_EXAMPLE_NAMES:
+        for form in (name, " " + name):
+            assert len(tok.encode(form, add_special_tokens=False)) == 1, form
 
 
 def test_bfloat16_keeps_the_greedy_answer() -> None:

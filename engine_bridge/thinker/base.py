@@ -296,12 +296,20 @@ class DecodingSettings:
     #: Keep generating through end-of-turn tokens (benchmarks that need a fixed token count).
     ignore_eos: bool = False
     seed: int | None = None
+    #: Words a reply may not say until a message of the conversation's own (a user turn, the instructions, engine
+    #: context) has said them: the example turns' names (``prompting.SPOKEN_EXAMPLE_NAMES``), so that a caller
+    #: who gave no name is not called by the example's. Whole words, case-insensitive; the ban is on the word's
+    #: first token, with and without a leading space, so a name should be one token of the model's vocabulary.
+    unprompted_words: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.repetition_penalty <= 0:
             raise ValueError(f"invalid decoding settings: {self}")
+        for word in self.unprompted_words:
+            if not word or not word.isalpha():
+                raise ValueError(f"unprompted_words must be single words of letters, not {word!r}")
 
 
 # ------------------------------------------------------------------------------------------- interface

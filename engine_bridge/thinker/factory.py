@@ -8,9 +8,9 @@ from pathlib import Path
 from engine_bridge.config import EngineSettings
 from engine_bridge.devices import resolve_device
 
-from .base import Message, ThinkerBackend, ThinkerError
+from .base import DecodingSettings, Message, ThinkerBackend, ThinkerError
 from .model_store import DEFAULT_MODEL, TINY_RANDOM
-from .prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING, SPOKEN_EXAMPLES
+from .prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING, SPOKEN_EXAMPLE_NAMES, SPOKEN_EXAMPLES
 
 
 def model_source(name: str) -> str:
@@ -41,11 +41,20 @@ def spoken_examples(settings: EngineSettings) -> tuple[Message, ...]:
     return ()
 
 
+def spoken_decoding(settings: EngineSettings) -> DecodingSettings:
+    """How voice sessions' replies are decoded by default. With the example turns, their names may not be said
+    until the conversation says them (``prompting.SPOKEN_EXAMPLE_NAMES``)."""
+    names = SPOKEN_EXAMPLE_NAMES if spoken_examples(settings) else ()
+    return dataclasses.replace(
+        SPOKEN_DECODING, max_tokens=settings.thinker.max_reply_tokens, unprompted_words=names
+    )
+
+
 def make_thinker(settings: EngineSettings) -> ThinkerBackend:
     t = settings.thinker
     device = resolve_device(settings.device)
     source = model_source(t.model)
-    decoding = dataclasses.replace(SPOKEN_DECODING, max_tokens=t.max_reply_tokens)
+    decoding = spoken_decoding(settings)
     system_prompt = t.system_prompt or DEFAULT_SYSTEM_PROMPT
     cache_dir = str(settings.cache_dir / "models")
     # Voice sessions and text requests share the thinker: text gets its own slots beyond the voice sessions'.

@@ -55,13 +55,12 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful voice assistant. Answer in one short 
 #: on 20 other questions and 5 other names: accuracy 0.65 -> 0.65, name recall 0.60 -> 0.80, 15.5 -> 8.6
 #: tokens. So they fix the format (short answers, "Your name is ...") and recall, not the model's knowledge.
 #: Written into the system prompt as text instead of as turns they did not help accuracy (0.75). Costs ~90
-#: prompt tokens, prefilled once when a session opens. Known flaw: the example name leaks. Asked as text, 12 of 20
-#: openings in which the caller gives no name come back addressed to Tom ("Good morning!" -> "Good morning, Tom.").
-#: A greeting turn and a "You have not told me your name yet." turn before the name exchange bring that to 1 of
-#: 20 at the same accuracy, but then a storyteller's instructions get a five-word story (the turns' short form
-#: wins over the instructions); the not-told turn with the facts first keeps the stories and leaks in 3 of 20, but
-#: loses what the session's developer context asks for (tests/test_engine_cascade.py's bakery). Neither is
-#: shipped yet: benchmarks/answer_text.py measures all three (docs/benchmarks.md).
+#: prompt tokens, prefilled once when a session opens. The example's name leaks: asked as text, 12 of 20 openings
+#: in which the caller gives no name came back addressed to Tom ("Good morning!" -> "Good morning, Tom."). Other
+#: example turns against it cost more than they fixed (a greeting and a "You have not told me your name yet."
+#: turn first: 1 leak in 20, but a storyteller's instructions got five-word stories; the facts first: 3 leaks,
+#: but the developer context's bakery was lost), so the turns stay and the name is banned from replies instead
+#: (SPOKEN_EXAMPLE_NAMES): 1 leak in 20, every other figure unchanged (benchmarks/answer_text.py, docs/benchmarks.md).
 SPOKEN_EXAMPLES: tuple[Message, ...] = (
     Message("user", "What is the capital of Spain?"),
     Message("assistant", "The capital of Spain is Madrid."),
@@ -74,6 +73,10 @@ SPOKEN_EXAMPLES: tuple[Message, ...] = (
     Message("user", "What is my name?"),
     Message("assistant", "Your name is Tom."),
 )
+#: The names SPOKEN_EXAMPLES introduce. Sessions that open with the example turns decode with these as
+#: ``DecodingSettings.unprompted_words``: a reply cannot say "Tom" until the caller (or the instructions) has.
+#: Each must be one token of the model's vocabulary, with and without a leading space (a test checks SmolLM2's).
+SPOKEN_EXAMPLE_NAMES: tuple[str, ...] = ("Tom",)
 
 #: Decoding for spoken replies: greedy (reproducible, and sampling makes a 135M model worse), a mild
 #: repetition penalty against loops, at most two sentences, and a token cap that bounds a reply to ~10 s of

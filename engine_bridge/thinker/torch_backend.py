@@ -484,7 +484,14 @@ class TorchThinker(LogBackedThinker[_Session]):
             gen.manual_seed(dec.seed if dec.seed is not None else int.from_bytes(os.urandom(4), "little"))
         # The header is not prefilled here: the first step() feeds it and samples the first token in the
         # same forward pass, which is one pass less before the first token.
-        sess.reply = _Reply(ckpt, len(sess.log), dec, time.perf_counter(), generator=gen)
+        sess.reply = _Reply(
+            ckpt,
+            len(sess.log),
+            dec,
+            time.perf_counter(),
+            banned=self._banned_tokens(sess, dec),
+            generator=gen,
+        )
         return ckpt
 
     def end_reply(self, sid: str, committed_text: str | None = None) -> None:
@@ -571,6 +578,8 @@ class TorchThinker(LogBackedThinker[_Session]):
         x = logits.float()
         if dec.ignore_eos:
             x[self._stop_tensor] = float("-inf")
+        if reply.banned:
+            x[list(reply.banned)] = float("-inf")
         if dec.repetition_penalty != 1.0 and reply.generated:
             ids = torch.tensor(sorted(set(reply.generated)), dtype=torch.long, device=self.device)
             seen = x[ids]

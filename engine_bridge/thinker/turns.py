@@ -17,6 +17,7 @@ identically:
 from __future__ import annotations
 
 import logging
+import re
 import time
 from abc import abstractmethod
 from collections.abc import Sequence
@@ -141,6 +142,9 @@ class ReplyProgress:
     first_token_seen: bool = False
     done: bool = False
     finish_reason: FinishReason | None = None
+    #: Token ids this reply may not sample (``DecodingSettings.unprompted_words`` not yet said; see
+    #: ``LogBackedThinker._banned_tokens``).
+    banned: tuple[int, ...] = ()
 
 
 class ReplyPolicy:
@@ -344,6 +348,24 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
             trimmed=trimmed,
             deferred=deferred,
         )
+
+    def _banned_tokens(self, sess: S, dec: DecodingSettings) -> tuple[int, ...]:
+        """The first tokens of the ``unprompted_words`` that no message of the conversation's own (any role but
+        the assistant's) has said yet. The example turns are not messages of the log (they are the tail of the
+        system segment's template tokens, not its text), so an example's name counts as said only once the
+        caller, the instructions or engine context say it."""
+        if not dec.unprompted_words:
+            return ()
+        said = " ".join(seg.text for seg in sess.log.segments if seg.role != "assistant")
+        banned: set[int] = set()
+        for word in dec.unprompted_words:
+            if re.search(rf"\b{re.escape(word)}\b", said, re.IGNORECASE):
+                continue
+            for form in (word, " " + word):
+                ids = self.fmt.tokenizer.encode(form, add_special_tokens=False)
+                if ids:
+                    banned.add(ids[0])
+        return tuple(sorted(banned))
 
     def _rollback_target(self, sess: S, ckpt: Checkpoint | int) -> int:
         k = ckpt.log_len if isinstance(ckpt, Checkpoint) else int(ckpt)

@@ -475,7 +475,9 @@ class VllmThinker(LogBackedThinker[_Session]):
         sess.log.add_message("assistant", "", header, [], [], epoch=epoch, complete=False)
         # The header (and any deferred message) is sent by the first step() with the reply's sampling
         # settings, so that prefill and the first token take one engine iteration.
-        sess.reply = _Reply(ckpt, len(sess.log), dec, time.perf_counter())
+        sess.reply = _Reply(
+            ckpt, len(sess.log), dec, time.perf_counter(), banned=self._banned_tokens(sess, dec)
+        )
         return ckpt
 
     def end_reply(self, sid: str, committed_text: str | None = None) -> None:
@@ -572,6 +574,8 @@ class VllmThinker(LogBackedThinker[_Session]):
             top_p=dec.top_p,
             # Not vLLM's repetition_penalty, which counts the whole conversation (the prompt) too.
             extra_args={REPLY_PENALTY_KEY: dec.repetition_penalty} if dec.repetition_penalty != 1.0 else None,
+            # The unprompted words' tokens (the torch backend sets them to -inf as well; -inf + x stays -inf).
+            logit_bias=dict.fromkeys(reply.banned, float("-inf")) or None,
             seed=dec.seed,
             ignore_eos=dec.ignore_eos,
             stop_token_ids=[] if dec.ignore_eos else sorted(self.policy.stop_ids),
