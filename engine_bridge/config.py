@@ -120,6 +120,7 @@ class ThinkerSettings(BaseModel):
     #: Example turns every voice session starts with, pinned after the system prompt (short "X is Y." answers
     #: and a name recalled; docs/benchmarks.md, Answers worth hearing). ``auto``: on for the built-in
     #: ``smollm2`` only, which needs them; a larger model of your own follows the system prompt without them.
+    #: With them on, a reply cannot say the examples' name ("Tom") until the caller or the instructions have.
     spoken_examples: Literal["auto", "on", "off"] = "auto"
     #: vLLM on CUDA: share of the GPU's memory for weights and KV.
     gpu_memory_utilization: float = Field(0.85, ge=0.05, le=1.0)
