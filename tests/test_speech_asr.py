@@ -21,7 +21,7 @@ from engine_bridge.speech.asr import (
     is_repetition_loop,
     make_transcriber,
 )
-from engine_bridge.speech.text import text_words
+from engine_bridge.speech.text import text_words, tidy_transcript
 from tests.speech_fixtures import add_noise, noise, silence, speech_bounds_ms, synthesize_speech
 
 pytestmark = pytest.mark.slow
@@ -131,7 +131,8 @@ def test_pocketsphinx_gives_words_with_times(sphinx: Transcriber, question: npt.
     result = sphinx.transcribe(question)
     assert text_words(result.text), result
     assert result.word_timing_measured
-    assert [w.text for w in result.words] == result.text.split()
+    # The words as heard; the text is tidied (tidy_transcript: case and the question mark only).
+    assert text_words(" ".join(w.text for w in result.words)) == text_words(result.text)
     for w in result.words:
         assert 0 <= w.start_ms < w.end_ms <= result.audio_ms + 20
     print(f"pocketsphinx: {result.text!r} in {result.elapsed_ms:.0f} ms")
@@ -318,3 +319,32 @@ def test_factory_names() -> None:
         WhisperTranscriber(threads=0)
     with pytest.raises(ValueError, match="window"):
         WhisperTranscriber(window="half")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("heard", "tidy"),
+    [
+        ("which planet is farthest from the sun.", "Which planet is farthest from the sun?"),
+        ("How many legs does a spider have.", "How many legs does a spider have?"),
+        ("What is 3.5 plus 2.", "What is 3.5 plus 2?"),
+        ("I went home. where should I go.", "I went home. where should I go?"),
+        ("what is the capital of france", "What is the capital of france?"),  # pocketsphinx: no punctuation
+        ("What is the capital of France?", "What is the capital of France?"),
+        ("What a day.", "What a day."),
+        ("Tell me what you think.", "Tell me what you think."),
+        ("Whatever.", "Whatever."),
+        ("hello there", "Hello there"),
+        ("  ", ""),
+    ],
+)
+def test_transcripts_read_as_the_question_that_was_asked(heard: str, tidy: str) -> None:
+    assert tidy_transcript(heard) == tidy
+    assert text_words(tidy_transcript(heard)) == text_words(heard)
+
+
+def test_the_transcript_a_recogniser_returns_is_tidied(
+    sphinx: Transcriber, question: npt.NDArray[np.int16]
+) -> None:
+    """pocketsphinx gives bare lower-case words; the transcript starts upper-case and a question ends in "?"."""
+    text = sphinx.transcribe(question).text
+    assert text[:1].isupper() and text.endswith("?"), text

@@ -440,9 +440,9 @@ def test_speculation_kept_releases_held_audio_at_the_endpoint(make_call: Callabl
     assert outs[0].start_sample == 0 and outs[-1].end_sample == done.total_samples
     for a, b in itertools.pairwise(outs):
         assert a.end_sample == b.start_sample
-    assert call.of(p.InputTranscript)[0].text == "what is the weather like today"
+    assert call.of(p.InputTranscript)[0].text == "What is the weather like today?"
     users = [seg for seg in call.session.log if seg.role == "user"]
-    assert [u.text for u in users] == ["what is the weather like today"] and users[0].token_start == before
+    assert [u.text for u in users] == ["What is the weather like today?"] and users[0].token_start == before
     record = call.session.stats.extra["turn_records"][-1]
     assert record["speculative"] is True and record["turn_id"] == turn_id
     assert "speculations_discarded" not in call.session.stats.extra
@@ -482,7 +482,7 @@ def test_speculation_discarded_when_the_caller_goes_on(make_call: Callable[..., 
     assert second.phase is ReplyPhase.GENERATING and second.turn_id == first.turn_id + 1
     done = call.finish()
     assert done.turn_id == second.turn_id and not done.interrupted
-    assert [seg.text for seg in call.session.log if seg.role == "user"] == ["what is the capital of france"]
+    assert [seg.text for seg in call.session.log if seg.role == "user"] == ["What is the capital of france?"]
     assert call.session.stats.extra["turn_records"][-1]["speculative"] is False
 
 
@@ -732,9 +732,9 @@ def test_auto_reply_off_transcribes_turns_without_replying(make_call: Callable[.
     call.endpoint(start, end)
     call.drain()
     call.asr()
-    assert [e.text for e in call.of(p.InputTranscript)] == ["what time is it"]
+    assert [e.text for e in call.of(p.InputTranscript)] == ["What time is it?"]
     assert call.st.reply is None and not call.of(p.ReplyStarted)
-    assert call.session.log[-1].role == "user" and call.session.log[-1].text == "what time is it"
+    assert call.session.log[-1].role == "user" and call.session.log[-1].text == "What time is it?"
     call.post(TextAppend("respond", "", 0))
     call.drain()
     assert call.of(p.ReplyStarted)
@@ -862,7 +862,7 @@ def test_a_short_real_interruption_flushes_at_the_check_and_is_answered(
     assert isinstance(end, Endpoint) and not end.backchannel and not end.undecided
     call.handle(posted)
     call.asr()
-    assert [e.text for e in call.of(p.InputTranscript)] == ["wait"]
+    assert [e.text for e in call.of(p.InputTranscript)] == ["Wait"]
     assert call.reply.phase is ReplyPhase.GENERATING and call.reply.turn_id > r.turn_id
     assert call.session.stats.ignored_short_speech == 0
 
@@ -886,7 +886,7 @@ def test_an_endpoint_before_the_verdict_waits_for_it(
     if interrupts:
         assert r.phase is ReplyPhase.INTERRUPTED and call.of(p.BargeIn)
         call.asr()  # the turn's own transcript, at its endpoint
-        assert [e.text for e in call.of(p.InputTranscript)] == ["stop"]
+        assert [e.text for e in call.of(p.InputTranscript)] == ["Stop"]
         assert call.reply.phase is ReplyPhase.GENERATING and call.reply.turn_id > r.turn_id
     else:
         assert call.reply is r and not call.of(p.BargeIn) and call.session.stats.ignored_short_speech == 1

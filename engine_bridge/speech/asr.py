@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from engine_bridge.devices import Device, whisper_placement
 from engine_bridge.formats import ENGINE_INPUT_RATE, samples_to_ms
-from engine_bridge.speech.text import normalize_text, text_words
+from engine_bridge.speech.text import normalize_text, text_words, tidy_transcript
 
 if TYPE_CHECKING:
     from faster_whisper import WhisperModel
@@ -165,7 +165,7 @@ class Transcriber(ABC):
             text, words, measured = self._run(pcm, decoding)
             elapsed = (time.perf_counter() - t0) * 1000.0
         return Transcript(
-            text=text,
+            text=tidy_transcript(text),
             words=words,
             audio_ms=audio_ms,
             elapsed_ms=elapsed,

@@ -17,6 +17,7 @@ __all__ = [
     "clean_for_tts",
     "normalize_text",
     "text_words",
+    "tidy_transcript",
 ]
 
 # --- normalisation -----------------------------------------------------------------------------------------
@@ -48,6 +49,32 @@ def text_words(text: str) -> list[str]:
     """The words of ``text`` after :func:`normalize_text`."""
     normalized = normalize_text(text)
     return normalized.split(" ") if normalized else []
+
+
+# --- what the model reads of the caller ------------------------------------------------------------------------
+
+# A sentence that opens with a question word ("what a ..." is an exclamation) and ends in a full stop; the stop
+# must end the sentence (followed by a space or the end), so "3.5" is not one.
+_WH_WORD = r"(?:what(?!\s+an?\b)|which|who|whom|whose|when|where|why|how)\b"
+_WH_WITH_STOP = re.compile(rf"(?:^|(?<=[.!?]\s))({_WH_WORD}[^!?]*?)\.(?=\s|$)", re.IGNORECASE)
+_ANY_END = re.compile(r"[.!?…]")
+
+
+def tidy_transcript(text: str) -> str:
+    """A recogniser's transcript as a question should read: the first letter upper-case, and a sentence that
+    opens with a question word ends in "?" rather than "."; an unpunctuated one (pocketsphinx) gets its "?".
+
+    whisper tiny.en often writes a question as "which planet is farthest from the sun." and the thinker reads
+    that text: SmolLM2 answered 27 of 40 factual questions written that way, 31 of 40 written as asked
+    (benchmarks/answer_text.py's questions, docs/benchmarks.md). Words are not changed, so nothing that compares
+    transcripts (:func:`normalize_text`) sees a difference."""
+    text = text.strip()
+    if not text:
+        return text
+    text = text[0].upper() + text[1:]
+    if not _ANY_END.search(text):
+        return text + "?" if re.match(_WH_WORD, text, re.IGNORECASE) else text
+    return _WH_WITH_STOP.sub(r"\1?", text)
 
 
 # --- cleaning for TTS --------------------------------------------------------------------------------------
