@@ -300,6 +300,7 @@ class DecodingSettings:
     #: context) has said them: the example turns' names (``prompting.SPOKEN_EXAMPLE_NAMES``), so that a caller
     #: who gave no name is not called by the example's. Whole words, case-insensitive; the ban is on the word's
     #: first token, with and without a leading space, so a name should be one token of the model's vocabulary.
+    #: Only the log counts: once the turn that said the word is trimmed from the context, the ban is back.
     unprompted_words: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
