@@ -10,18 +10,18 @@ example turns (``engine.thinker.spoken_examples``) on what the example turns the
 * **name recall**: 10 two-turn exchanges ("My name is <Name>. <question>", then "What is my name?"), 5 of
   ``answer_quality.py`` and 5 others; the second reply must hold the name;
 * **name leaks**: 20 openings in which the caller never says a name (greetings, small talk, "What is my name?");
-  a leak is a reply that holds a name of the example turns or says "your name is ..." (a name the caller never
-  gave). The example turns are the only place the model sees a name, so a leaked name is always a wrong one: a
-  greeting answered with "Good morning, Tom." calls a stranger by someone else's name.
+  a leak is a reply that holds the example turns' name (``prompting.SPOKEN_EXAMPLE_NAMES``; every set here uses
+  it) or says "your name is ..." (a name the caller never gave): a greeting answered with "Good morning, Tom."
+  calls a stranger by someone else's name.
 
 * **story words**: with a storyteller's instructions ("Always answer at length, in many sentences."), the
   words of the reply to "Tell me a long story about a dragon and a knight." (the spoken decoding caps it at two
   sentences / 48 tokens): example turns must not override what a client's instructions ask for.
 
 Sets compared in the same run: ``none`` (no example turns: the baseline); ``shipped``, what a voice session
-gets: ``prompting.SPOKEN_EXAMPLES`` (three facts, then "My name is Tom ..." answered "Nice to meet you, Tom. ...")
-with their name banned from replies until the caller says it (``prompting.SPOKEN_EXAMPLE_NAMES`` as
-``DecodingSettings.unprompted_words``); ``shipped-no-ban``, the same turns without the ban (what shipped before);
+gets with the default settings (``factory.spoken_examples`` and ``factory.spoken_decoding``): three facts, then
+"My name is Tom ..." answered "Nice to meet you, Tom. ...", with the name banned from replies until the caller
+says it (``DecodingSettings.unprompted_words``); ``shipped-no-ban``, the same turns without the ban (what shipped before);
 and two other sets of turns tried against the leaking name before the ban: ``greeting-first`` ("Hello!" answered
 without a name, "What is my name?" answered "You have not told me your name yet.", the name exchange without the
 greeting, the facts) and ``facts-first`` (the facts, the not-told turn, the name exchange without the greeting).
@@ -46,9 +46,15 @@ import torch
 from _common import finish
 from answer_quality import EXCHANGES, NAME_QUESTION, QUESTIONS, correct, mentions
 
+from engine_bridge.config import EngineSettings
 from engine_bridge.thinker.base import Message
-from engine_bridge.thinker.prompting import SPOKEN_DECODING, SPOKEN_EXAMPLE_NAMES, SPOKEN_EXAMPLES
+from engine_bridge.thinker.factory import spoken_decoding, spoken_examples
+from engine_bridge.thinker.prompting import SPOKEN_EXAMPLE_NAMES
 from engine_bridge.thinker.torch_backend import TorchThinker, TorchThinkerConfig
+
+#: What a voice session opens with under the default settings: its example turns and its reply decoding.
+SHIPPED_EXAMPLES = spoken_examples(EngineSettings())
+SHIPPED_DECODING = spoken_decoding(EngineSettings())
 
 #: Questions of the same kind as answer_quality.py's, for checking that a set does not fit only those.
 QUESTIONS_B: list[tuple[str, tuple[str, ...]]] = [
@@ -111,26 +117,20 @@ _NAME_PLAIN = (
     Message("user", "What is my name?"),
     Message("assistant", "Your name is Tom."),
 )
-_FACTS = SPOKEN_EXAMPLES[:6]  # the shipped set's three facts
+_FACTS = SHIPPED_EXAMPLES[:6]  # the shipped set's three facts
 #: Each set: its example turns, and the names replies may not say unprompted (``unprompted_words``). ``shipped``
 #: is what a voice session gets; ``shipped-no-ban`` the same turns before the ban; the two candidates were tried
 #: against the leaking name before the ban (see prompting.SPOKEN_EXAMPLES): a greeting and the not-told turn
 #: first, facts last; or the facts first, then the not-told turn and the name exchange without a greeting.
 SETS: dict[str, tuple[tuple[Message, ...], tuple[str, ...]]] = {
     "none": ((), ()),
-    "shipped": (SPOKEN_EXAMPLES, SPOKEN_EXAMPLE_NAMES),
-    "shipped-no-ban": (SPOKEN_EXAMPLES, ()),
+    "shipped": (SHIPPED_EXAMPLES, SHIPPED_DECODING.unprompted_words),
+    "shipped-no-ban": (SHIPPED_EXAMPLES, ()),
     "greeting-first": ((*_HELLO, *_NOT_TOLD, *_NAME_PLAIN, *_FACTS), ()),
     "facts-first": ((*_FACTS, *_NOT_TOLD, *_NAME_PLAIN), ()),
 }
 STORYTELLER = "You are a storyteller. Always answer at length, in many sentences."
 STORY_REQUEST = "Tell me a long story about a dragon and a knight."
-_NAMED = re.compile(r"\b(?:[Mm]y|[Yy]our) name is ([A-Z][a-z]+)")
-
-
-def example_names(examples: Sequence[Message]) -> tuple[str, ...]:
-    """Names introduced in the example turns ("My name is Tom, ..." -> Tom)."""
-    return tuple(m.group(1) for msg in examples if msg.role == "user" for m in _NAMED.finditer(msg.text))
 
 
 class Asker:
@@ -149,7 +149,7 @@ class Asker:
         """A fresh session with ``examples``; each turn's whole reply, kept in the conversation."""
         self._n += 1
         sid, th = f"text-{self._n}", self.thinker
-        decoding = dataclasses.replace(SPOKEN_DECODING, unprompted_words=banned_names)
+        decoding = dataclasses.replace(SHIPPED_DECODING, unprompted_words=banned_names)
         th.open(sid, instructions, [], decoding=decoding, examples=examples)
         out: list[str] = []
         try:
@@ -169,9 +169,9 @@ class Asker:
         return out
 
 
-def is_leak(reply: str, names: tuple[str, ...]) -> bool:
-    """The reply holds an example turn's name, or gives the caller a name ("Your name is Emily.")."""
-    return mentions(reply, names) or bool(re.search(r"\byour name is [a-z]+", reply.lower()))
+def is_leak(reply: str) -> bool:
+    """The reply holds the example turns' name, or gives the caller a name ("Your name is Emily.")."""
+    return mentions(reply, SPOKEN_EXAMPLE_NAMES) or bool(re.search(r"\byour name is [a-z]+", reply.lower()))
 
 
 def evaluate(
@@ -202,11 +202,10 @@ def evaluate(
             recalled += 1
         else:
             misses.append(f"recall: {person} -> {first!r} / {second!r}")
-    names = example_names(examples)
     leaks = 0
     for opening in openings:
         reply = asker.ask(examples, [opening], banned_names=banned)[0]
-        if is_leak(reply, names):
+        if is_leak(reply):
             leaks += 1
             misses.append(f"leak: {opening!r} -> {reply!r}")
     story = asker.ask(examples, [STORY_REQUEST], STORYTELLER, banned)[0]
