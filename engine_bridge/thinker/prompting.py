@@ -137,6 +137,7 @@ class ChatFormat:
         self.wrappers = wrappers
         self.reply_header_text = reply_header
         self._template_cache: dict[str, list[int]] = {}
+        self._word_start_cache: dict[str, frozenset[int]] = {}
         self.reply_header: list[int] = self._template_tokens(reply_header)
         self.reply_footer: list[int] = self._template_tokens(wrappers["assistant"][1])
         self.stop_token_ids: frozenset[int] = self._stop_ids()
@@ -180,6 +181,17 @@ class ChatFormat:
         if not text:
             return []
         return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+    def word_start_tokens(self, word: str) -> frozenset[int]:
+        """The tokens ``word`` can begin with in a reply: its first token at the start of a text and after a
+        space ("Tom," / " Tom")."""
+        cached = self._word_start_cache.get(word)
+        if cached is None:
+            cached = frozenset(
+                ids[0] for ids in (self.encode_content(word), self.encode_content(" " + word)) if ids
+            )
+            self._word_start_cache[word] = cached
+        return cached
 
     def encode_message(self, role: Role, text: str) -> EncodedMessage:
         prefix, suffix = self.wrappers[role]

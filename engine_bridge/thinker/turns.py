@@ -354,17 +354,11 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
         the assistant's) has said yet. The example turns are not messages of the log (they are the tail of the
         system segment's template tokens, not its text), so an example's name counts as said only once the
         caller, the instructions or engine context say it."""
-        if not dec.unprompted_words:
-            return ()
-        said = " ".join(seg.text for seg in sess.log.segments if seg.role != "assistant")
         banned: set[int] = set()
         for word in dec.unprompted_words:
-            if re.search(rf"\b{re.escape(word)}\b", said, re.IGNORECASE):
-                continue
-            for form in (word, " " + word):
-                ids = self.fmt.tokenizer.encode(form, add_special_tokens=False)
-                if ids:
-                    banned.add(ids[0])
+            said = re.compile(rf"\b{re.escape(word)}\b", re.IGNORECASE)
+            if not any(said.search(seg.text) for seg in sess.log.segments if seg.role != "assistant"):
+                banned |= self.fmt.word_start_tokens(word)
         return tuple(sorted(banned))
 
     def _rollback_target(self, sess: S, ckpt: Checkpoint | int) -> int:
