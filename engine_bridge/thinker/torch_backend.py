@@ -75,11 +75,10 @@ from .base import (
     ThinkerCaps,
     ThinkerStateError,
     ThinkerStats,
-    TokenLog,
 )
 from .model_store import DEFAULT_MODEL, DTypeName, LoadedModel, load_model
 from .prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING, ChatFormat
-from .turns import LogBackedThinker, ReplyPolicy, ReplyProgress, SessionRecord, opening_log
+from .turns import LogBackedThinker, ReplyPolicy, ReplyProgress, SessionRecord
 
 log = logging.getLogger(__name__)
 
@@ -403,34 +402,16 @@ class TorchThinker(LogBackedThinker[_Session]):
         decoding: DecodingSettings | None = None,
         examples: Sequence[Message] = (),
     ) -> None:
-        if sid in self._sessions:
-            raise ThinkerStateError(f"session {sid!r} is already open")
-        self._admit()
-        sess = _Session(sid, TokenLog(), decoding or self.config.decoding)
-        if log is not None:
-            if instructions or history or examples:
-                raise ValueError(
-                    "open(): pass either a log snapshot or instructions/history/examples, not both"
-                )
-            sess.log = TokenLog.from_snapshot(log)
-        else:
-            sess.log = opening_log(
-                self.fmt,
-                instructions,
-                history,
-                system_prompt=self.config.system_prompt,
-                limit=self.config.max_context_tokens,
-                reply_reserve=self._reply_reserve(sess.decoding),
-                examples=examples,
-            )
-        self._trim(sess, self._reply_reserve(sess.decoding))
+        dec = decoding or self.config.decoding
+        token_log = self._opening_log(sid, instructions, history, log=log, examples=examples, decoding=dec)
+        sess = _Session(sid, token_log, dec)
+        self._trim(sess, self._reply_reserve(dec))
         t0 = time.perf_counter()
         sess.prefill_tokens_last_append = self._sync(sess)
         sess.prefill_ms_last_append = (time.perf_counter() - t0) * 1000
         self._sessions[sid] = sess
 
     def _admit(self) -> None:
-        """Fail fast, before any compute (guarantee 6, Admission, in docs/architecture.md)."""
         n = len(self._sessions)
         if n >= self.config.max_sessions:
             raise ThinkerCapacityError(f"thinker is full: {n} of {self.config.max_sessions} sessions open")
@@ -501,27 +482,11 @@ class TorchThinker(LogBackedThinker[_Session]):
             raise ThinkerStateError(f"session {sid!r} has no reply to end")
         if self._in_group(sid):
             self._leave_group({sid}, keep_kv=True)
-        if committed_text is None:
-            self.policy.flush_text(reply)
-            sess.log.close_open_segment(reply.text, self.fmt.reply_footer)
-        elif not committed_text.strip():
-            # Nothing was heard: the reply leaves no trace, as if it had never started.
-            self._truncate(sess, reply.ckpt.log_len)
-        else:
-            self._commit_prefix(sess, reply, committed_text)
+        self._close_reply(sess, reply, committed_text)
         sess.reply = None
         # Make the end-of-turn marker (and any committed text) resident now, while the caller listens or
         # speaks, so the next append prefills only its own message.
         self._sync(sess)
-
-    def _commit_prefix(self, sess: _Session, reply: _Reply, committed: str) -> None:
-        """Barge-in: keep exactly the played text. The generated tokens whose text is a prefix of it are kept
-        as they are (with their KV: cropping is exact), the rest of the text is tokenized and appended."""
-        keep, rest, committed = self.policy.committed_prefix(reply, committed)
-        self._truncate(sess, reply.start + keep)
-        if rest:
-            sess.log.extend_open_content(rest)
-        sess.log.close_open_segment(committed, self.fmt.reply_footer)
 
     def rollback(self, sid: str, ckpt: Checkpoint | int) -> None:
         sess = self._get(sid)

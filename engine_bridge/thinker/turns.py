@@ -307,6 +307,62 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
     def _reply_reserve(self, dec: DecodingSettings) -> int:
         return len(self.fmt.reply_header) + dec.max_tokens + len(self.fmt.reply_footer)
 
+    @abstractmethod
+    def _admit(self) -> None:
+        """Raise :class:`ThinkerCapacityError` if one more session does not fit (before any compute)."""
+
+    def _opening_log(
+        self,
+        sid: str,
+        instructions: str | None,
+        history: Sequence[Message] | None,
+        *,
+        log: LogSnapshot | None,
+        examples: Sequence[Message],
+        decoding: DecodingSettings,
+    ) -> TokenLog:
+        """``open``'s log half: refuse an id that is open, admit the session (guarantee 6, Admission, in
+        docs/architecture.md: before any compute), and build its log from the snapshot or from the instructions,
+        history and example turns."""
+        if sid in self._sessions:
+            raise ThinkerStateError(f"session {sid!r} is already open")
+        self._admit()
+        if log is not None:
+            if instructions or history or examples:
+                raise ValueError(
+                    "open(): pass either a log snapshot or instructions/history/examples, not both"
+                )
+            return TokenLog.from_snapshot(log)
+        return opening_log(
+            self.fmt,
+            instructions,
+            history,
+            system_prompt=self.system_prompt,
+            limit=self.max_context_tokens,
+            reply_reserve=self._reply_reserve(decoding),
+            examples=examples,
+        )
+
+    def _close_reply(self, sess: S, reply: ReplyProgress, committed_text: str | None) -> None:
+        """``end_reply``'s log half: keep the whole reply (``committed_text`` None), none of it (a blank text: as
+        if it had never started), or exactly the played text (a barge-in). The generated tokens whose text is a
+        prefix of the played text are kept as they are, the rest of that text is tokenized and appended."""
+        if committed_text is None:
+            self.policy.flush_text(reply)
+            sess.log.close_open_segment(reply.text, self.fmt.reply_footer)
+        elif not committed_text.strip():
+            self._truncate(sess, reply.ckpt.log_len)
+        else:
+            keep, rest, committed = self.policy.committed_prefix(reply, committed_text)
+            self._truncate(sess, reply.start + keep)
+            if rest:
+                sess.log.extend_open_content(rest)
+            sess.log.close_open_segment(committed, self.fmt.reply_footer)
+
+    def _truncate(self, sess: S, k: int) -> None:
+        """Cut the log to ``k`` tokens (a backend whose KV outlives the cut crops it too)."""
+        sess.log.truncate(k, self.fmt.decode)
+
     def _add_message(
         self, sess: S, role: Role, text: str, epoch: int | None, *, generating: bool
     ) -> tuple[EncodedMessage, bool]:

@@ -53,11 +53,10 @@ from .base import (
     ThinkerError,
     ThinkerStateError,
     ThinkerStats,
-    TokenLog,
 )
 from .model_store import DEFAULT_MODEL, resolve_model_path
 from .prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING, ChatFormat
-from .turns import LogBackedThinker, ReplyPolicy, ReplyProgress, SessionRecord, opening_log
+from .turns import LogBackedThinker, ReplyPolicy, ReplyProgress, SessionRecord
 
 log = logging.getLogger(__name__)
 
@@ -382,26 +381,8 @@ class VllmThinker(LogBackedThinker[_Session]):
         decoding: DecodingSettings | None = None,
         examples: Sequence[Message] = (),
     ) -> None:
-        if sid in self._sessions:
-            raise ThinkerStateError(f"session {sid!r} is already open")
-        self._admit()
         dec = decoding or self.config.decoding
-        if log is not None:
-            if instructions or history or examples:
-                raise ValueError(
-                    "open(): pass either a log snapshot or instructions/history/examples, not both"
-                )
-            token_log = TokenLog.from_snapshot(log)
-        else:
-            token_log = opening_log(
-                self.fmt,
-                instructions,
-                history,
-                system_prompt=self.config.system_prompt,
-                limit=self.config.max_context_tokens,
-                reply_reserve=self._reply_reserve(dec),
-                examples=examples,
-            )
+        token_log = self._opening_log(sid, instructions, history, log=log, examples=examples, decoding=dec)
         sess = _Session(sid, token_log, dec, salt=f"lko-{self._uid}-{sid}")
         self._trim(sess, self._reply_reserve(dec))
         t0 = time.perf_counter()
@@ -486,18 +467,7 @@ class VllmThinker(LogBackedThinker[_Session]):
         if reply is None:
             raise ThinkerStateError(f"session {sid!r} has no reply to end")
         self._stop_generation(sess, reply)
-        if committed_text is None:
-            self.policy.flush_text(reply)
-            sess.log.close_open_segment(reply.text, self.fmt.reply_footer)
-        elif not committed_text.strip():
-            # Nothing was heard: the reply leaves no trace, as if it had never started.
-            sess.log.truncate(reply.ckpt.log_len, self.fmt.decode)
-        else:
-            keep, rest, committed = self.policy.committed_prefix(reply, committed_text)
-            sess.log.truncate(reply.start + keep, self.fmt.decode)
-            if rest:
-                sess.log.extend_open_content(rest)
-            sess.log.close_open_segment(committed, self.fmt.reply_footer)
+        self._close_reply(sess, reply, committed_text)
         sess.reply = None
         # Make the end-of-turn marker (and any committed text) resident now, while the caller listens or
         # speaks, so the next append prefills only its own message.
@@ -509,7 +479,7 @@ class VllmThinker(LogBackedThinker[_Session]):
         if sess.reply is not None:
             self._stop_generation(sess, sess.reply)
             sess.reply = None
-        sess.log.truncate(k, self.fmt.decode)
+        self._truncate(sess, k)
         self._sync(sess)
 
     def _stop_generation(self, sess: _Session, reply: _Reply) -> None:
