@@ -19,6 +19,7 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,29 @@ BROWSER_QUESTION = "What is the capital of Germany?"
 BROWSER_ANSWER = "berlin"
 
 
+def words_missed(said: list[str], heard: list[str]) -> list[str]:
+    """The words of ``said`` that whisper did not hear in ``heard``. A word counts as heard when it is one of the
+    heard words, part of the heard words run together (a split or merge: "is Berlin" heard as "israel and" still
+    has "is"), or close in spelling to one of them (a proper noun misspelled: "bralen" for "Berlin")."""
+    joined = "".join(heard)
+    return [
+        w
+        for w in said
+        if w not in heard
+        and w not in joined
+        and not any(SequenceMatcher(None, w, h).ratio() >= 0.5 for h in heard)
+    ]
+
+
+def test_words_missed_tolerates_spelling_but_not_other_words() -> None:
+    answer = "the capital of germany is berlin".split()
+    assert words_missed(answer, answer) == []
+    assert words_missed(answer, "the capital of germany is bralen".split()) == []
+    assert words_missed(answer, "the capital of germany israel and".split()) == ["berlin"]
+    assert words_missed(answer, "the opposite of hot is cold".split()) == ["capital", "germany", "berlin"]
+    assert words_missed(answer, []) == answer
+
+
 def test_spoken_question_is_answered_in_the_browser(
     idle_server: ServerProcess, output_dir: Path, asr: WhisperTranscriber
 ) -> None:
@@ -290,11 +314,12 @@ def test_spoken_question_is_answered_in_the_browser(
     assert frame_db.max() > -30, f"the received audio peaks at {frame_db.max():.1f} dBFS"
     assert np.count_nonzero(frame_db > REMOTE_SPEECH_DB) * 0.01 > 0.8, "under 0.8 s of received speech"
     # Whether whisper spells the answer's city right is not the point (it heard "Berlin" as "bralen" in 1 of 3
-    # calls): the audio must be the answer the page shows, most of its words heard in it.
+    # calls, and "is Berlin" as "israel and" once): the audio must be the answer the page shows, most of its
+    # words heard in it (see words_missed for what counts as heard).
     answer_words = text_words(model_turns(report["transcripts"])[0]["text"])
     heard = text_words(asr.transcribe(soxr.resample(pcm, rate, 16_000).astype(np.int16)).text)
     assert BROWSER_ANSWER in answer_words, answer_words
-    missing = [w for w in answer_words if w not in heard]
+    missing = words_missed(answer_words, heard)
     assert len(missing) <= max(1, len(answer_words) // 5), (
         f"whisper heard {heard} in the audio the browser received; the answer was {answer_words}"
     )
