@@ -18,6 +18,11 @@ path.
 * **Baseline, same run**: the harness alone (the tick loop building a 48 kHz ``rtc.AudioFrame`` per tick and
   handing it to a no-op), measured just before the modes; it is subtracted from both, so the figures are the
   plugin's path.
+* **Co-located floor, same run**: what any co-located implementation pays per frame on this machine whatever its
+  output path does: the real ``push_audio`` (the 48 → 16 kHz resampling into the ingress ring and the doorbell)
+  plus the one wake-up of a consumer task per 20 ms frame that LiveKit's ``audio_stream`` needs, the consumer
+  yielding a prebuilt frame (no ring read, no pacer). Baseline subtracted like the modes. ``remote / floor`` is the
+  highest ratio any co-located output path could reach in this run.
 * **Caller audio → engine latency**: from ``push_audio(frame)`` to the moment the engine's ingress ring write
   cursor next advances (the frame is in the ring the engine reads; the doorbell wakes it then). A second pass,
   after the CPU pass, so the probe's cost is not in the CPU figures: a thread polls the write cursor every
@@ -26,7 +31,8 @@ path.
   first advance after a push is that push's hand-off).
 
 Last line: JSON with ``colocated_us_per_frame``, ``remote_us_per_frame`` (baseline subtracted), ``ratio``
-(remote / co-located; target >= 5), the latency percentiles and the raw figures.
+(remote / co-located; target >= 5), ``colocated_floor_us_per_frame`` and ``ratio_ceiling`` (remote / floor), the
+latency percentiles and the raw figures.
 
     python benchmarks/plugin_paths.py [--seconds 10]
 """
@@ -39,7 +45,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,6 +209,46 @@ async def run_mode(
     return ModeResult(name, n, agent, server, outputs, lat)
 
 
+async def floor_us_per_frame(model: OmniDuplexModel, seconds: float) -> float:
+    """Agent CPU per frame of a co-located session whose output costs nothing: ``push_audio`` as in the modes, and
+    a consumer task woken by each push (as the pacer's nudge wakes the real stream) that yields one prebuilt
+    ``DuplexAudioFrame``. Baseline not subtracted."""
+    session = await open_session(model)
+    loop = asyncio.get_running_loop()
+    due: list[asyncio.Future[None]] = [loop.create_future()]
+    prebuilt = llm.DuplexAudioFrame(frame=rtc.AudioFrame(bytes(960), 24_000, 1, 480), start_ms=0)
+
+    async def stream() -> AsyncIterator[llm.DuplexAudioFrame]:
+        while True:
+            await due[0]
+            due[0] = loop.create_future()
+            yield prebuilt
+
+    async def drain() -> None:
+        async for _ in stream():
+            pass
+
+    def push(frame: rtc.AudioFrame) -> None:
+        session.push_audio(frame)
+        if not due[0].done():
+            due[0].set_result(None)
+
+    reader = asyncio.create_task(drain())
+    try:
+        await asyncio.sleep(0.5)
+        await paced(caller_frames(25), push)  # the resampler and the ring warmed up
+        frames = caller_frames(int(seconds / TICK_S))
+        c0 = time.process_time()
+        await paced(frames, push)
+        return (time.process_time() - c0) * 1e6 / len(frames)
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        await session.aclose()
+        await model.aclose()
+
+
 async def baseline_us_per_frame(seconds: float) -> float:
     frames = caller_frames(int(seconds / TICK_S))
     c0 = time.process_time()
@@ -243,6 +289,7 @@ async def main_async(seconds: float) -> dict[str, Any]:
         colocated = await run_mode(
             "co-located (rings)", OmniDuplexModel(engine_address=engine.address), [], colocated_ring, seconds
         )
+        floor = await floor_us_per_frame(OmniDuplexModel(engine_address=engine.address), seconds)
         before.update(list_our_segments())
         remote = await run_mode(
             "remote (Live WebSocket)",
@@ -271,13 +318,21 @@ async def main_async(seconds: float) -> dict[str, Any]:
             f" {r.us_per_frame(baseline):11.1f} {r.output_s:11.1f} {pct(r.latencies_ms, 50):11.2f}"
             f" {pct(r.latencies_ms, 95):7.2f} {pct(r.latencies_ms, 99):7.2f}"
         )
+    print(f"{'co-located floor':26} {floor:12.1f} {'':>13} {floor - baseline:11.1f}")
     co, re_ = colocated.us_per_frame(baseline), remote.us_per_frame(baseline)
     ratio = re_ / co if co > 0 else float("nan")
+    ceiling = re_ / (floor - baseline) if floor > baseline else float("nan")
     print(f"\nratio remote / co-located CPU per frame: {ratio:.1f}x (target >= 5)")
+    print(
+        f"ceiling remote / co-located floor: {ceiling:.1f}x (floor: push_audio plus one wake-up per frame, the"
+        " output free; the most any co-located output path could reach in this run)"
+    )
     return {
         "colocated_us_per_frame": co,
         "remote_us_per_frame": re_,
         "ratio": ratio,
+        "colocated_floor_us_per_frame": floor - baseline,
+        "ratio_ceiling": ceiling,
         "baseline_us_per_frame": baseline,
         "colocated_agent_us_per_frame": colocated.agent_cpu_s * 1e6 / colocated.frames,
         "remote_agent_us_per_frame": remote.agent_cpu_s * 1e6 / remote.frames,

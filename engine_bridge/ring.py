@@ -24,10 +24,11 @@ Ordering: the producer copies data, then publishes the write cursor; the consume
 read cursor. Aligned 8-byte stores are atomic on the platforms we run on (x86-64, aarch64), and CPython's
 interpreter loop plus the GIL-release points give program order for these numpy stores on x86's TSO model.
 
-Hot path: the ingress ring's ``write``/``read_into`` run once per 20 ms frame per session on each side. When the
-optional C core ``engine_bridge._ringcore`` is built (it is compiled at install; ``NATIVE`` says whether it was),
-they are one C call each over the same layout, with acquire/release atomics on the cursors; otherwise the
-pure-Python methods below run, and the tests exercise both. Every page of a segment is mapped when it is created
+Hot path: the ingress ring's ``write``/``read_into`` run once per 20 ms frame per session on each side, and the
+egress ring's ``read_chunk`` once per frame on the media side. When the optional C core ``engine_bridge._ringcore``
+is built (it is compiled at install; ``NATIVE`` says whether it was), they are one C call each over the same
+layout, with acquire/release atomics on the cursors; otherwise the pure-Python methods below run, and the tests
+exercise both. Every page of a segment is mapped when it is created
 or attached, so no frame pays a page fault.
 
 Invariants (checked): capacity is a power of two; cursors only grow; ``0 <= write - read <= capacity``. A producer
@@ -47,22 +48,22 @@ import os
 import secrets
 import struct
 import weakref
-from dataclasses import dataclass
 from enum import IntEnum
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
-from typing import ClassVar, Final
+from typing import ClassVar, Final, NamedTuple
 
 import numpy as np
 
-try:  # the per-frame ingress path in C; optional (see engine_bridge/_ringcore.c and pyproject.toml)
+try:  # the per-frame ring paths in C; optional (see engine_bridge/_ringcore.c and pyproject.toml)
     from engine_bridge import _ringcore
 except ImportError:  # not built (no compiler at install time): the pure-Python path below is used
     _ringcore = None  # type: ignore[assignment]  # a module or None; NATIVE says which
 
 log = logging.getLogger(__name__)
 
-#: True when IngressRing.write/read_into run in C (engine_bridge._ringcore); False on the pure-Python path.
+#: True when IngressRing.write/read_into and EgressRing.read_chunk run in C (engine_bridge._ringcore); False on the
+#: pure-Python path.
 NATIVE: Final = _ringcore is not None
 
 MAGIC: Final = 0x4C4B4F52  # "LKOR"
@@ -116,9 +117,10 @@ class RingError(RuntimeError):
     """A segment that is not ours, has the wrong version or kind, or a broken invariant."""
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkInfo:
-    """The tag of one egress chunk. ``nsamples`` PCM16 samples were copied into the caller's buffer."""
+class ChunkInfo(NamedTuple):
+    """The tag of one egress chunk. ``nsamples`` PCM16 samples were copied into the caller's buffer.
+
+    A tuple, so the C core builds it without running Python code (one per chunk on the media side's frame)."""
 
     epoch: int
     turn_id: int
@@ -158,6 +160,9 @@ class _Ring:
     """Shared-memory segment, header views and the checked cursor protocol common to both rings."""
 
     kind: ClassVar[RingKind]
+    #: The C core the per-frame methods are bound to (None on the Python path), and those methods' names.
+    _core: _ringcore.IngressCore | _ringcore.EgressCore | None = None
+    _core_methods: tuple[str, ...] = ()
 
     def __init__(self, shm: shared_memory.SharedMemory, *, owner: bool) -> None:
         self._shm = shm
@@ -320,8 +325,37 @@ class _Ring:
             self._words.release()
             self._data.release()
 
+    def _bind_core(
+        self, core: _ringcore.IngressCore | _ringcore.EgressCore, methods: tuple[str, ...]
+    ) -> None:
+        """Route ``methods`` to the C core: bound on the instance, a per-frame call is one C call instead of a
+        Python frame plus a C call. The core implements exactly the Python methods of the same names."""
+        self._core = core
+        self._core_methods = methods
+        for m in methods:
+            setattr(self, m, getattr(core, m))
+
     def _release_fast_path(self) -> None:
-        """Drop a native core's export of the segment (subclasses that have one)."""
+        """Drop the native core's export of the segment; the Python methods, which fail cleanly on a closed ring,
+        take over."""
+        core = self._core
+        if core is not None:
+            for m in self._core_methods:
+                delattr(self, m)
+            core.release()
+            self._core = None
+
+    @property
+    def native(self) -> bool:
+        """True when this ring's per-frame methods run in C."""
+        return self._core is not None
+
+    def _native_segment(self) -> memoryview:
+        if _ringcore is None:
+            raise RingError("the native ring core (engine_bridge._ringcore) is not built")
+        segment = self._shm.buf
+        assert segment is not None  # None only once the segment is closed
+        return segment
 
     def unlink(self) -> None:
         """Remove the segment name (any side may do it when the owner is known to be gone)."""
@@ -341,29 +375,9 @@ class IngressRing(_Ring):
 
     def __init__(self, shm: shared_memory.SharedMemory, *, owner: bool, native: bool = NATIVE) -> None:
         super().__init__(shm, owner=owner)
-        self._core = None
         if native:
-            if _ringcore is None:
-                raise RingError("the native ring core (engine_bridge._ringcore) is not built")
-            # The C core implements exactly write() and read_into() below; binding its methods on the instance
-            # makes a per-frame call one C call instead of a Python frame plus a C call.
-            segment = shm.buf
-            assert segment is not None  # None only once the segment is closed
-            self._core = _ringcore.IngressCore(segment, self.name, RingError)
-            # (the C methods take their one argument positionally, so their types differ from the Python methods')
-            self.write = self._core.write  # type: ignore[method-assign,assignment]
-            self.read_into = self._core.read_into  # type: ignore[method-assign,assignment]
-
-    def _release_fast_path(self) -> None:
-        if self._core is not None:
-            del self.write, self.read_into  # back to the Python methods, which fail cleanly on a closed ring
-            self._core.release()
-            self._core = None
-
-    @property
-    def native(self) -> bool:
-        """True when write/read_into run in C."""
-        return self._core is not None
+            core = _ringcore.IngressCore(self._native_segment(), self.name, RingError)
+            self._bind_core(core, ("write", "read_into"))
 
     @classmethod
     def create(
@@ -452,18 +466,23 @@ class EgressRing(_Ring):
 
     kind = RingKind.EGRESS
 
-    def __init__(self, shm: shared_memory.SharedMemory, *, owner: bool) -> None:
+    def __init__(self, shm: shared_memory.SharedMemory, *, owner: bool, native: bool = NATIVE) -> None:
         super().__init__(shm, owner=owner)
         # Preallocated header scratch, so neither side allocates per chunk.
         self._hdr = bytearray(CHUNK_HEADER_BYTES)
+        if native:
+            core = _ringcore.EgressCore(self._native_segment(), self.name, RingError, ChunkInfo)
+            self._bind_core(core, ("read_chunk",))
 
     @classmethod
-    def create(cls, capacity_bytes: int, sample_rate: int, name: str | None = None) -> EgressRing:
-        return cls(cls._create_segment(capacity_bytes, sample_rate, name), owner=True)
+    def create(
+        cls, capacity_bytes: int, sample_rate: int, name: str | None = None, *, native: bool = NATIVE
+    ) -> EgressRing:
+        return cls(cls._create_segment(capacity_bytes, sample_rate, name), owner=True, native=native)
 
     @classmethod
-    def attach(cls, name: str) -> EgressRing:
-        return cls(cls._attach_segment(name), owner=False)
+    def attach(cls, name: str, *, native: bool = NATIVE) -> EgressRing:
+        return cls(cls._attach_segment(name), owner=False, native=native)
 
     # --- engine side (producer) ----------------------------------------------------------------------------
     def bump_epoch(self, new_epoch: int | None = None) -> int:

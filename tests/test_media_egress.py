@@ -238,6 +238,39 @@ def test_turn_change_inside_a_frame(session: FakeSession) -> None:
     assert eg.playout() == (0, 2, 660)
 
 
+def test_playout_is_counted_per_turn_across_more_turns_than_the_table_holds_and_a_barge_in(
+    session: FakeSession,
+) -> None:
+    """The player counts a frame of the turn that played last without a table lookup; that count must stay the
+    turn's own when turns follow each other (more of them than the table keeps) and when a barge-in makes the
+    last turn stale."""
+    eg = session.rings.egress
+    player = EgressPlayer(session, rate=24000)
+    turns = 20  # more than TURN_TABLE_LIMIT (16)
+    for t in range(1, turns + 1):
+        eg.write_chunk(
+            0, t, 0, np.full(720, t, np.int16)
+        )  # 1.5 frames each: every other frame holds two turns
+    seen: dict[int, int] = {}
+    for _ in range(turns * 720 // F24):
+        f = player.next_frame()
+        epoch, turn, played = eg.playout()
+        assert (epoch, turn) == (f.epoch, f.turn_id)
+        seen[turn] = played
+    assert seen == {t: 720 for t in range(1, turns + 1) if t % 2 == 0} | {
+        t: 480 for t in range(1, turns + 1) if t % 2 == 1
+    }
+    # Turn 21 plays a frame and a half; then a barge-in: its epoch is stale, the rest of it is dropped.
+    eg.write_chunk(0, 21, 0, np.full(720, 21, np.int16))
+    player.next_frame()
+    assert eg.playout() == (0, 21, 480)
+    eg.bump_epoch()
+    eg.write_chunk(1, 21, 0, np.full(480, 7, np.int16))  # the same turn id in the new epoch is a new record
+    f = player.next_frame()
+    assert f.pcm.tolist() == [7] * 480
+    assert eg.playout() == (1, 21, 480)
+
+
 def test_transcript_queue_is_bounded(session: FakeSession) -> None:
     player = EgressPlayer(session)
     for i in range(TRANSCRIPT_QUEUE_LIMIT + 44):

@@ -21,6 +21,7 @@ import pytest
 
 from engine_bridge.ring import (
     NATIVE,
+    ChunkInfo,
     EgressRing,
     IngressRing,
     RingError,
@@ -30,7 +31,7 @@ from engine_bridge.ring import (
     unlink_segment,
 )
 
-#: The ingress implementations to test: the Python path always, the C core when it is built.
+#: The ring implementations to test: the Python path always, the C core when it is built.
 PATHS = [pytest.param(False, id="python")] + ([pytest.param(True, id="native")] if NATIVE else [])
 
 
@@ -152,24 +153,60 @@ def test_rings_are_mapped_at_set_up_so_frames_take_no_page_faults() -> None:
         ring.close()
 
 
-def test_egress_chunks_wrap_and_keep_tags() -> None:
+@pytest.mark.parametrize("native", PATHS)
+def test_egress_chunks_wrap_and_keep_tags(native: bool) -> None:
     ring = EgressRing.create(4096, 24000)
     try:
+        reader = EgressRing.attach(ring.name, native=native)
+        assert reader.native is native
         out = np.zeros(4096, dtype=np.int16)
         for seq in range(100):
-            pcm = np.full(480 + seq % 7, seq, dtype=np.int16)
-            assert ring.write_chunk(0, 3, seq, pcm)
-            info = ring.read_chunk(out)
-            assert info is not None
-            assert (info.epoch, info.turn_id, info.seq, info.nsamples) == (0, 3, seq, pcm.shape[0])
+            # Random samples at odd lengths: the header and the audio wrap at every offset over the laps.
+            pcm = np.random.default_rng(seq).integers(-32768, 32767, 480 + seq % 7, dtype=np.int16)
+            assert ring.write_chunk(2**32 - 1 if seq == 99 else 0, 3, seq, pcm)
+            info = reader.read_chunk(out)
+            assert isinstance(info, ChunkInfo)
+            epoch = 2**32 - 1 if seq == 99 else 0  # the tag's words are u32: the largest survives
+            assert (info.epoch, info.turn_id, info.seq, info.nsamples) == (epoch, 3, seq, pcm.shape[0])
             assert np.array_equal(out[: info.nsamples], pcm)
-        assert ring.read_chunk(out) is None
+        assert reader.read_chunk(out) is None
+        assert ring.read_cursor == ring.write_cursor
+        reader.close()
     finally:
         ring.close()
 
 
-def test_stale_epoch_chunks_are_dropped() -> None:
-    ring = EgressRing.create(1 << 16, 24000)
+@pytest.mark.parametrize("native", PATHS)
+def test_egress_reader_refuses_small_buffers_and_broken_chunks(native: bool) -> None:
+    """A buffer too small for the chunk, a chunk that runs past the write cursor, a closed ring: each an error,
+    the cursor left where it was."""
+    ring = EgressRing.create(4096, 24000)
+    try:
+        reader = EgressRing.attach(ring.name, native=native)
+        ring.write_chunk(0, 1, 0, np.ones(480, dtype=np.int16))
+        with pytest.raises(ValueError):
+            reader.read_chunk(np.zeros(100, dtype=np.int16))
+        assert ring.read_cursor == 0
+        ring._words[8] = 100  # the write cursor now cuts the chunk (16-byte tag + 960 bytes) short
+        with pytest.raises(RingError):
+            reader.read_chunk(np.zeros(4096, dtype=np.int16))
+        assert ring.read_cursor == 0
+        ring._words[8] = 1 << 20  # more written than the ring holds
+        with pytest.raises(RingError):
+            reader.read_chunk(np.zeros(4096, dtype=np.int16))
+        ring._words[8] = 16 + 960
+        info = reader.read_chunk(np.zeros(4096, dtype=np.int16))
+        assert info == ChunkInfo(0, 1, 0, 480)
+        reader.close()
+        with pytest.raises(ValueError):  # a closed ring refuses politely, whatever the path
+            reader.read_chunk(np.zeros(4096, dtype=np.int16))
+    finally:
+        ring.close()
+
+
+@pytest.mark.parametrize("native", PATHS)
+def test_stale_epoch_chunks_are_dropped(native: bool) -> None:
+    ring = EgressRing.create(1 << 16, 24000, native=native)
     try:
         out = np.zeros(4096, dtype=np.int16)
         for seq in range(5):
@@ -305,6 +342,72 @@ def test_two_processes_exchange_ten_minutes_bit_exact(native: bool) -> None:
         assert total == frames * fs * 2
         assert their_digest == digest.hexdigest()
         assert elapsed < 600, f"10 minutes of audio took {elapsed:.0f} s: not faster than real time"
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        ring.close()
+
+
+def _read_chunks(name: str, until_seq: int, native: bool, q: mp.Queue) -> None:
+    ring = EgressRing.attach(name, native=native)
+    out = np.zeros(ring.capacity_bytes // 2, dtype=np.int16)
+    digest = hashlib.sha256()
+    tags: list[tuple[int, int, int, int]] = []
+    while True:
+        info = ring.read_chunk(out)
+        if info is None:
+            time.sleep(0.0002)
+            continue
+        digest.update(out[: info.nsamples].tobytes())
+        tags.append(tuple(info))
+        if info.seq == until_seq:
+            break
+    q.put((digest.hexdigest(), tags, ring.stale_dropped))
+    ring.close()
+
+
+@pytest.mark.parametrize("native", PATHS)
+def test_two_processes_exchange_tagged_chunks_with_barge_ins_bit_exact(native: bool) -> None:
+    """The engine's side writes 5,000 chunks of random sizes (a few samples to half the ring, so they wrap at every
+    offset) and bumps the epoch now and then, as a barge-in does; a real second process reads them. It must receive
+    every chunk it reads bit-exact with its tag, in order, count every other one as stale, and never read an older
+    epoch's chunk after a newer one."""
+    ring = EgressRing.create(1 << 14, 24000)
+    ctx = mp.get_context("spawn")
+    q: mp.Queue = ctx.Queue()
+    chunks = 5_000
+    proc = ctx.Process(target=_read_chunks, args=(ring.name, chunks - 1, native, q))
+    proc.start()
+    try:
+        rng = np.random.default_rng(11)
+        sent: list[tuple[tuple[int, int, int, int], bytes]] = []
+        epoch = 0
+        seq = 0
+        while seq < chunks:
+            if seq % 500 == 250 and seq < chunks - 1:
+                epoch = ring.bump_epoch()  # whatever is still queued is stale from now on
+            pcm = rng.integers(-32768, 32767, int(rng.integers(1, 4096)), dtype=np.int16)
+            if ring.write_chunk(epoch, epoch + 1, seq, pcm):
+                sent.append(((epoch, epoch + 1, seq, pcm.shape[0]), pcm.tobytes()))
+                seq += 1
+            else:
+                time.sleep(0.0002)
+        their_digest, tags, stale = q.get(timeout=300)
+        proc.join(timeout=30)
+        received = set(tags)
+        assert tags == sorted(tags, key=lambda t: t[2]), "chunks arrived out of order"
+        assert len(tags) + stale == chunks, "every chunk is either read or counted stale"
+        assert tags[-1][2] == chunks - 1
+        # What was read is exactly the written chunks that were read, in order, bit-exact.
+        digest = hashlib.sha256()
+        for tag, data in sent:
+            if tag in received:
+                digest.update(data)
+        assert their_digest == digest.hexdigest()
+        # The writer bumps the epoch before it writes the new epoch's chunks, so once the reader has read a chunk
+        # of epoch e it sees the epoch word at e or later: an older chunk read after it would be stale audio played.
+        epochs = [t[0] for t in tags]
+        assert epochs == sorted(epochs), "a stale chunk was read after a newer epoch's"
     finally:
         if proc.is_alive():
             proc.kill()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import secrets
 import time
@@ -166,7 +165,7 @@ class FixtureOverlay:
             self.fixture = None
             self._on_done()
         # Model text released under a fixture belongs to interrupted (stale) speech: it is not shown.
-        return dataclasses.replace(
+        return msgspec.structs.replace(
             frame, pcm=pcm, payload=payload, speaking=True, model_samples=0, transcripts=()
         )
 
