@@ -133,8 +133,6 @@ class EgressPlayer:
         self.rate = rate
         self.encoding = enc
         self._resampler = _output_resampler(rate)
-        # At the engine's own rate the frame is the work buffer as it is (no filter call per frame).
-        self._identity = isinstance(self._resampler, IdentityResampler)
         self.frame_samples = rate * FRAME_MS // 1000
         self._closed = False
         # Engine-rate work buffer for one frame, and the held chunk (allocated on first use, ring-sized).
@@ -154,9 +152,6 @@ class EgressPlayer:
         self._scaled = np.zeros(OUTPUT_FRAME_SAMPLES, dtype=np.float32)
         self._turns: collections.OrderedDict[tuple[int, int], _Turn] = collections.OrderedDict()
         self._last_key: tuple[int, int] | None = None
-        # The record of _last_key (while it is in the table): the common case, a frame of the turn that played
-        # last, is then one comparison and one addition.
-        self._last_turn: _Turn | None = None
         self._pending: collections.deque[OutputTranscript] = collections.deque()
         self._speaking = False
         #: Frames emitted; frames with model audio; frames only partly filled (the engine fell behind);
@@ -224,9 +219,10 @@ class EgressPlayer:
             work[filled : filled + take] = self._chunk[pos : pos + take]
             self._chunk_pos = pos + take
             last_epoch, last_turn = self._chunk_epoch, self._chunk_turn
-            turn = self._last_turn
-            if turn is not None and self._last_key == (last_epoch, last_turn):
-                turn.played += take
+            key = (last_epoch, last_turn)
+            turn = self._turns.get(key)
+            if turn is not None and key == self._last_key:
+                turn.played += take  # the common case, more of the turn that played last: no call
             else:
                 turn = self._account(last_epoch, last_turn, filled, take)
             filled += take
@@ -264,7 +260,6 @@ class EgressPlayer:
         self._chunk_pos = self._chunk_len = 0
         self._pending.clear()
         self._turns.clear()
-        self._last_turn = None
 
     # --- internals -----------------------------------------------------------------------------------------
     def _apply_gain(self, filled: int, gain: float) -> None:
@@ -294,7 +289,6 @@ class EgressPlayer:
             del self._turns[key]
         if self._last_key is not None and self._last_key[0] < epoch_now:
             self._last_key = None
-            self._last_turn = None
         self._epoch = epoch_now
 
     def _read_chunk(self, ring: EgressRing) -> bool:
@@ -311,7 +305,7 @@ class EgressPlayer:
 
     def _account(self, epoch: int, turn_id: int, offset: int, n: int) -> _Turn:
         """Count ``n`` samples of ``(epoch, turn_id)`` as played, starting at ``offset`` in this frame; returns its
-        record (next_frame handles a frame of the last-played turn itself)."""
+        record (next_frame counts more of the last-played turn itself)."""
         key = (epoch, turn_id)
         st = self._turns.get(key)
         if st is None:
@@ -323,9 +317,6 @@ class EgressPlayer:
             while len(self._turns) > TURN_TABLE_LIMIT:
                 self._turns.popitem(last=False)
             self._last_key = key
-        # A record evicted from the table is no longer the last turn's (its transcripts are then released by
-        # turn order, see _release_transcripts), so the fast path must not keep counting into it.
-        self._last_turn = st if self._last_key == key and key in self._turns else None
         st.played += n
         return st
 
@@ -380,10 +371,7 @@ class EgressPlayer:
                 self._quiet = True
         else:
             # The work buffer is zero-filled past ``filled``; after one silent frame the filter history is zero.
-            if self._identity:
-                pcm[:] = self._work
-            else:
-                pcm[:] = self._resampler.process(self._work)
+            pcm[:] = self._resampler.process(self._work)
             self._quiet = filled == 0
         if self.encoding is AudioEncoding.PCM16:
             payload = pcm.astype("<i2", copy=False).view(np.uint8)
