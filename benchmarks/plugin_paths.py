@@ -169,6 +169,15 @@ async def drain_output(session: Any, played_s: list[float]) -> None:
         played_s[0] += item.frame.samples_per_channel / item.frame.sample_rate
 
 
+async def close_session(reader: asyncio.Task[None], session: Any, model: OmniDuplexModel) -> None:
+    """Stop the output reader, then close the plugin session and its model."""
+    reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader
+    await session.aclose()
+    await model.aclose()
+
+
 async def run_mode(
     name: str,
     model: OmniDuplexModel,
@@ -201,11 +210,7 @@ async def run_mode(
         ring.close()
         lat = arrival_latencies_ms(pushes, base, probe.changes, bytes_per_frame)
     finally:
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
-        await session.aclose()
-        await model.aclose()
+        await close_session(reader, session, model)
     return ModeResult(name, n, agent, server, outputs, lat)
 
 
@@ -242,11 +247,7 @@ async def floor_us_per_frame(model: OmniDuplexModel, seconds: float) -> float:
         await paced(frames, push)
         return (time.process_time() - c0) * 1e6 / len(frames)
     finally:
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
-        await session.aclose()
-        await model.aclose()
+        await close_session(reader, session, model)
 
 
 async def baseline_us_per_frame(seconds: float) -> float:

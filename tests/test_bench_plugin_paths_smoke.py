@@ -40,6 +40,12 @@ def test_plugin_paths_short_run_reports_both_paths() -> None:
     assert out["remote_server_us_per_frame"] > 0  # the serve process did the remote path's server half
     if co > 0:
         assert math.isclose(out["ratio"], remote / co, rel_tol=0.02, abs_tol=0.02)
+    # The floor row (push plus one wake-up, output free) and the ceiling it gives.
+    assert any(line.startswith("co-located floor") for line in lines)
+    floor = out["colocated_floor_us_per_frame"]
+    assert math.isfinite(floor)
+    if floor > 0:
+        assert math.isclose(out["ratio_ceiling"], remote / floor, rel_tol=0.02, abs_tol=0.02)
     # Both paths carried the caller's audio to the engine (a latency per frame) and the echo back.
     assert min(out["latency_samples"]) >= 0.8 * out["frames"]
     assert min(out["output_s"]) > 0.5 * out["seconds"], out["output_s"]
