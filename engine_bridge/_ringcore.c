@@ -84,15 +84,10 @@ get_pcm_buffer(PyObject *obj, Py_buffer *buf, int writable, const char *ring)
     return 0;
 }
 
-/* The segment view both cores hold; they differ only in their methods. */
+/* Take the segment view both cores hold (they differ only in their methods); -1 with an exception set on error. */
 static int
-RingCore_init(RingCore *self, PyObject *args, PyObject *kwds)
+ring_core_attach(RingCore *self, PyObject *segment, PyObject *name, PyObject *ring_error)
 {
-    static char *kwlist[] = {"segment", "name", "ring_error", NULL};
-    PyObject *segment, *name, *ring_error;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO", kwlist, &segment, &name, &ring_error)) {
-        return -1;
-    }
     if (!PyType_Check(ring_error) || !PyType_IsSubtype((PyTypeObject *)ring_error, (PyTypeObject *)PyExc_Exception)) {
         PyErr_SetString(PyExc_TypeError, "ring_error must be an exception class");
         return -1;
@@ -124,6 +119,17 @@ RingCore_init(RingCore *self, PyObject *args, PyObject *kwds)
     Py_INCREF(ring_error);
     Py_XSETREF(self->ring_error, ring_error);
     return 0;
+}
+
+static int
+RingCore_init(RingCore *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"segment", "name", "ring_error", NULL};
+    PyObject *segment, *name, *ring_error;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO", kwlist, &segment, &name, &ring_error)) {
+        return -1;
+    }
+    return ring_core_attach(self, segment, name, ring_error);
 }
 
 static void
@@ -361,13 +367,7 @@ EgressCore_init(RingCore *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "tag_type must be a tuple subclass (a NamedTuple)");
         return -1;
     }
-    PyObject *base_args = Py_BuildValue("(OOO)", segment, name, ring_error);
-    if (base_args == NULL) {
-        return -1;
-    }
-    int rc = RingCore_init(self, base_args, NULL);
-    Py_DECREF(base_args);
-    if (rc < 0) {
+    if (ring_core_attach(self, segment, name, ring_error) < 0) {
         return -1;
     }
     Py_INCREF(tag_type);
@@ -404,22 +404,12 @@ static struct PyModuleDef ringcore_module = {
 PyMODINIT_FUNC
 PyInit__ringcore(void)
 {
-    if (PyType_Ready(&IngressCoreType) < 0 || PyType_Ready(&EgressCoreType) < 0) {
-        return NULL;
-    }
     PyObject *m = PyModule_Create(&ringcore_module);
     if (m == NULL) {
         return NULL;
     }
-    Py_INCREF(&IngressCoreType);
-    if (PyModule_AddObject(m, "IngressCore", (PyObject *)&IngressCoreType) < 0) {
-        Py_DECREF(&IngressCoreType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&EgressCoreType);
-    if (PyModule_AddObject(m, "EgressCore", (PyObject *)&EgressCoreType) < 0) {
-        Py_DECREF(&EgressCoreType);
+    /* PyModule_AddType readies the type and adds it under its short name ("IngressCore", "EgressCore"). */
+    if (PyModule_AddType(m, &IngressCoreType) < 0 || PyModule_AddType(m, &EgressCoreType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
