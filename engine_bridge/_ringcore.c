@@ -1,5 +1,6 @@
 /* The rings' per-frame hot paths in C: IngressCore.write() and IngressCore.read_into() for the ingress ring,
- * EgressCore.read_chunk() for the egress ring's consumer (the media side's one read per 20 ms frame).
+ * EgressCore.read_chunk() for the egress ring's consumer (the media side's one read per 20 ms frame), and
+ * EgressCore.play(): the consumer's whole steady-state frame (see PlayCursor below).
  *
  * Why this exists: benchmarks/ring_ipc.py measured the pure-Python write at ~2-4 us and read at ~2 us per 20 ms
  * frame on our CI VM (interpreter overhead: attribute loads, memoryview casts and slices, each a few hundred ns),
@@ -21,6 +22,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -28,8 +31,12 @@
 #define W_WRITE 8
 #define W_READ 16
 #define W_EPOCH 24
+#define W_ATTENUATION 25
 #define W_OVERRUNS 33
 #define W_STALE 34
+#define W_PLAYED_TURN 40
+#define W_PLAYED_SAMPLES 41
+#define W_PLAYED_EPOCH 42
 #define CHUNK_HEADER_BYTES 16
 
 typedef struct {
@@ -355,6 +362,243 @@ EgressCore_read_chunk(RingCore *self, PyObject *out)
     }
 }
 
+
+/* ---- PlayCursor and EgressCore.play: the media side's steady-state frame in one call ----------------------------
+ *
+ * media/egress.py's EgressPlayer produces one 20 ms frame per call: it reads the gain and epoch words, fills the
+ * frame from the chunk it holds and then from the ring, counts what played against the turn that played it and
+ * reports that playout to the engine. Almost every frame of a call is the same case: unity gain, the same epoch as
+ * the previous frame, and only more audio of the turn that played last (or nothing). benchmarks/plugin_paths.py
+ * measured that frame at ~25 us of interpreter time per call on the CI VM (cold caches between 20 ms wake-ups),
+ * where the work is two memcpys. play() does exactly that case in C and declines (-1, nothing changed) anything
+ * else, which the Python player then does itself: an epoch change, a gain other than unity (or the ramp after
+ * one), a new turn, a stale chunk, a corrupt chunk, a chunk buffer too small. So the Python player stays the one
+ * reference for every decision, and this path is a shortcut through its commonest one.
+ *
+ * PlayCursor holds the consumer's position: the held chunk (its buffer, read position, length, epoch and turn),
+ * the epoch the player last saw, the gain the previous frame ended at, and the turn that played last:
+ * its (epoch, turn_id) and its record, whose `played` attribute play() advances. Its fields are plain attributes
+ * the Python player reads and writes on its own path (ring.py has an identical pure-Python class for builds
+ * without this module, where play() always declines).
+ */
+typedef struct {
+    PyObject_HEAD
+    PyObject *chunk;          /* int16 array the held chunk was copied into */
+    long long pos;            /* samples of the held chunk already played */
+    long long len;            /* samples in the held chunk */
+    long long chunk_epoch;
+    long long chunk_turn;
+    long long epoch_seen;     /* the epoch word at the previous frame (-1 before the first) */
+    double gain;              /* gain applied at the end of the previous frame (a ramp starts from it) */
+    long long last_epoch;     /* the turn that played last ... */
+    long long last_turn;
+    PyObject *last;           /* ... and its record (None when there is none): `played` is advanced here */
+} PlayCursor;
+
+static PyMemberDef PlayCursor_members[] = {
+    {"chunk", T_OBJECT_EX, offsetof(PlayCursor, chunk), 0, "int16 buffer holding the current chunk"},
+    {"pos", T_LONGLONG, offsetof(PlayCursor, pos), 0, "samples of the held chunk already played"},
+    {"len", T_LONGLONG, offsetof(PlayCursor, len), 0, "samples in the held chunk"},
+    {"chunk_epoch", T_LONGLONG, offsetof(PlayCursor, chunk_epoch), 0, "epoch of the held chunk"},
+    {"chunk_turn", T_LONGLONG, offsetof(PlayCursor, chunk_turn), 0, "turn of the held chunk"},
+    {"epoch_seen", T_LONGLONG, offsetof(PlayCursor, epoch_seen), 0, "epoch word at the previous frame"},
+    {"gain", T_DOUBLE, offsetof(PlayCursor, gain), 0, "gain applied at the end of the previous frame"},
+    {"last_epoch", T_LONGLONG, offsetof(PlayCursor, last_epoch), 0, "epoch of the turn that played last"},
+    {"last_turn", T_LONGLONG, offsetof(PlayCursor, last_turn), 0, "turn_id of the turn that played last"},
+    {"last", T_OBJECT_EX, offsetof(PlayCursor, last), 0, "record of the turn that played last, or None"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static int
+PlayCursor_init(PlayCursor *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"chunk", NULL};
+    PyObject *chunk;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O", kwlist, &chunk)) {
+        return -1;
+    }
+    Py_INCREF(chunk);
+    Py_XSETREF(self->chunk, chunk);
+    Py_INCREF(Py_None);
+    Py_XSETREF(self->last, Py_None);
+    self->pos = self->len = self->chunk_epoch = self->chunk_turn = 0;
+    self->epoch_seen = -1;
+    self->gain = 1.0;
+    self->last_epoch = self->last_turn = 0;
+    return 0;
+}
+
+static void
+PlayCursor_dealloc(PlayCursor *self)
+{
+    Py_XDECREF(self->chunk);
+    Py_XDECREF(self->last);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject PlayCursorType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "engine_bridge._ringcore.PlayCursor",
+    .tp_doc = "The egress consumer's position: held chunk, epoch seen, gain state and the turn that played last.",
+    .tp_basicsize = sizeof(PlayCursor),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)PlayCursor_init,
+    .tp_dealloc = (destructor)PlayCursor_dealloc,
+    .tp_members = PlayCursor_members,
+};
+
+/* The tag of the chunk at cursor r (the caller checked 16 bytes are there). */
+static inline void
+egress_peek_tag(RingCore *self, uint64_t r, uint32_t tag[4])
+{
+    unsigned char hdr[CHUNK_HEADER_BYTES];
+    ring_copy_out(self, r, hdr, CHUNK_HEADER_BYTES);
+    for (int i = 0; i < 4; i++) { /* little-endian on any host */
+        tag[i] = (uint32_t)hdr[4 * i] | (uint32_t)hdr[4 * i + 1] << 8 | (uint32_t)hdr[4 * i + 2] << 16 |
+                 (uint32_t)hdr[4 * i + 3] << 24;
+    }
+}
+
+PyDoc_STRVAR(play_doc,
+"play(work, cursor) -> int\n\n"
+"Fill work (a writable 1-D int16 array: one frame at the ring's rate) for the steady state: unity gain, the epoch\n"
+"the cursor saw, and only audio of the turn that played last. Returns the samples of model audio written (the rest\n"
+"is zeroed), advances the cursor, the turn record's `played` and the playout words. Returns -1 and changes nothing\n"
+"when the frame is anything else; the caller then produces it on its general path.");
+
+static PyObject *
+EgressCore_play(RingCore *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    static PyObject *played_name = NULL;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "play(work, cursor) takes 2 arguments");
+        return NULL;
+    }
+    if (!PyObject_TypeCheck(args[1], &PlayCursorType)) {
+        PyErr_SetString(PyExc_TypeError, "play() needs a PlayCursor");
+        return NULL;
+    }
+    PlayCursor *cur = (PlayCursor *)args[1];
+    uint64_t *words = self->words;
+    /* The gain before the epoch, as the Python player reads them (media/egress.py explains the order). */
+    if (!self->has_view || cur->gain != 1.0 || cur->last == Py_None ||
+        __atomic_load_n(&words[W_ATTENUATION], __ATOMIC_ACQUIRE) != 0) {
+        return PyLong_FromLong(-1);
+    }
+    uint64_t epoch_now = __atomic_load_n(&words[W_EPOCH], __ATOMIC_ACQUIRE);
+    if ((long long)epoch_now != cur->epoch_seen) {
+        return PyLong_FromLong(-1);
+    }
+    if (played_name == NULL && (played_name = PyUnicode_InternFromString("played")) == NULL) {
+        return NULL;
+    }
+    Py_buffer work, chunk;
+    if (get_pcm_buffer(args[0], &work, 1, "egress") < 0) {
+        return NULL;
+    }
+    if (get_pcm_buffer(cur->chunk, &chunk, 1, "egress") < 0) {
+        PyBuffer_Release(&work);
+        return NULL;
+    }
+    int16_t *out = (int16_t *)work.buf;
+    int16_t *held = (int16_t *)chunk.buf;
+    uint64_t need = (uint64_t)work.len / 2, room = (uint64_t)chunk.len / 2;
+    uint64_t r0 = __atomic_load_n(&words[W_READ], __ATOMIC_RELAXED); /* only we write it */
+    uint64_t w = __atomic_load_n(&words[W_WRITE], __ATOMIC_ACQUIRE);
+    long long result = -1;
+    PyObject *played = NULL;
+
+    /* Plan without consuming: every sample the frame takes must be the last-played turn's. */
+    uint64_t have = cur->pos < cur->len ? (uint64_t)(cur->len - cur->pos) : 0;
+    if (have && (cur->chunk_epoch != cur->last_epoch || cur->chunk_turn != cur->last_turn)) {
+        goto done;
+    }
+    if (r0 > w || w - r0 > self->capacity) {
+        goto done; /* broken cursors: the Python path raises the RingError */
+    }
+    uint64_t r = r0;
+    while (have < need && w - r >= CHUNK_HEADER_BYTES) {
+        uint32_t tag[4];
+        egress_peek_tag(self, r, tag);
+        uint64_t end = r + CHUNK_HEADER_BYTES + 2 * (uint64_t)tag[3];
+        if (end > w || tag[3] > room || tag[0] < epoch_now || (long long)tag[0] != cur->last_epoch ||
+            (long long)tag[1] != cur->last_turn) {
+            goto done; /* corrupt, too large, stale or another turn: the general path's business */
+        }
+        have += tag[3];
+        r = end;
+    }
+    /* A barge-in between the checks and here must not let this frame play what it made stale. */
+    if (__atomic_load_n(&words[W_EPOCH], __ATOMIC_ACQUIRE) != epoch_now) {
+        goto done;
+    }
+    played = PyObject_GetAttr(cur->last, played_name);
+    if (played == NULL) {
+        result = -2;
+        goto done;
+    }
+    long long played_before = PyLong_AsLongLong(played);
+    Py_DECREF(played);
+    if (played_before == -1 && PyErr_Occurred()) {
+        result = -2;
+        goto done;
+    }
+
+    /* Commit: the held remainder, then the planned chunks, each copied whole into the chunk buffer as the Python
+     * path does (a chunk's tail stays held for the next frame). */
+    uint64_t filled = 0;
+    r = r0;
+    for (;;) {
+        if (cur->pos < cur->len) {
+            uint64_t take = (uint64_t)(cur->len - cur->pos);
+            if (take > need - filled) {
+                take = need - filled;
+            }
+            memcpy(out + filled, held + cur->pos, take * 2);
+            cur->pos += (long long)take;
+            filled += take;
+        }
+        if (filled >= need || w - r < CHUNK_HEADER_BYTES) {
+            break;
+        }
+        uint32_t tag[4];
+        egress_peek_tag(self, r, tag);
+        uint64_t nbytes = 2 * (uint64_t)tag[3];
+        ring_copy_out(self, r + CHUNK_HEADER_BYTES, (unsigned char *)held, nbytes);
+        r += CHUNK_HEADER_BYTES + nbytes;
+        __atomic_store_n(&words[W_READ], r, __ATOMIC_RELEASE); /* publish after the copy */
+        cur->pos = 0;
+        cur->len = tag[3];
+        cur->chunk_epoch = tag[0];
+        cur->chunk_turn = tag[1];
+    }
+    if (filled < need) {
+        memset(out + filled, 0, (need - filled) * 2);
+    }
+    if (filled) {
+        long long total = played_before + (long long)filled;
+        PyObject *v = PyLong_FromLongLong(total);
+        if (v == NULL || PyObject_SetAttr(cur->last, played_name, v) < 0) {
+            Py_XDECREF(v);
+            result = -2;
+            goto done;
+        }
+        Py_DECREF(v);
+        __atomic_store_n(&words[W_PLAYED_EPOCH], (uint64_t)cur->last_epoch, __ATOMIC_RELAXED);
+        __atomic_store_n(&words[W_PLAYED_TURN], (uint64_t)cur->last_turn, __ATOMIC_RELAXED);
+        __atomic_store_n(&words[W_PLAYED_SAMPLES], (uint64_t)total, __ATOMIC_RELEASE);
+    }
+    result = (long long)filled;
+done:
+    PyBuffer_Release(&work);
+    PyBuffer_Release(&chunk);
+    if (result == -2) {
+        return NULL;
+    }
+    return PyLong_FromLongLong(result);
+}
+
 static int
 EgressCore_init(RingCore *self, PyObject *args, PyObject *kwds)
 {
@@ -377,6 +621,7 @@ EgressCore_init(RingCore *self, PyObject *args, PyObject *kwds)
 
 static PyMethodDef EgressCore_methods[] = {
     {"read_chunk", (PyCFunction)EgressCore_read_chunk, METH_O, read_chunk_doc},
+    {"play", (PyCFunction)(void (*)(void))EgressCore_play, METH_FASTCALL, play_doc},
     {"release", (PyCFunction)RingCore_release, METH_NOARGS,
      "Drop the buffer export of the segment (before the segment is closed). Idempotent."},
     {NULL, NULL, 0, NULL},
@@ -409,7 +654,8 @@ PyInit__ringcore(void)
         return NULL;
     }
     /* PyModule_AddType readies the type and adds it under its short name ("IngressCore", "EgressCore"). */
-    if (PyModule_AddType(m, &IngressCoreType) < 0 || PyModule_AddType(m, &EgressCoreType) < 0) {
+    if (PyModule_AddType(m, &IngressCoreType) < 0 || PyModule_AddType(m, &EgressCoreType) < 0 ||
+        PyModule_AddType(m, &PlayCursorType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

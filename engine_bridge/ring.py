@@ -28,7 +28,9 @@ Hot path: the ingress ring's ``write``/``read_into`` run once per 20 ms frame pe
 egress ring's ``read_chunk`` once per frame on the media side. When the optional C core ``engine_bridge._ringcore``
 is built (it is compiled at install; ``NATIVE`` says whether it was), they are one C call each over the same
 layout, with acquire/release atomics on the cursors; otherwise the pure-Python methods below run, and the tests
-exercise both. Every page of a segment is mapped when it is created
+exercise both. The C core also does the media side's steady-state frame in one call (``EgressRing.play``: more of
+the turn that played last at unity gain in an unchanged epoch, with its playout report); the Python ``play``
+declines every frame, and the media player's general path, the reference, produces it. Every page of a segment is mapped when it is created
 or attached, so no frame pays a page fault.
 
 Invariants (checked): capacity is a power of two; cursors only grow; ``0 <= write - read <= capacity``. A producer
@@ -51,7 +53,7 @@ import weakref
 from enum import IntEnum
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
-from typing import ClassVar, Final, NamedTuple
+from typing import Any, ClassVar, Final, NamedTuple
 
 import numpy as np
 
@@ -126,6 +128,34 @@ class ChunkInfo(NamedTuple):
     turn_id: int
     seq: int
     nsamples: int
+
+
+class PlayCursor:
+    """The egress consumer's position between frames (the pure-Python twin of ``_ringcore.PlayCursor``): the held
+    chunk (its buffer, read position, length, epoch and turn), the epoch word seen at the previous frame, the gain
+    that frame ended at, and the turn that played last with its record (``last``, whose ``played``
+    :meth:`EgressRing.play` advances; None when no turn is current). ``media.egress.EgressPlayer`` owns it."""
+
+    __slots__ = (
+        "chunk",
+        "chunk_epoch",
+        "chunk_turn",
+        "epoch_seen",
+        "gain",
+        "last",
+        "last_epoch",
+        "last_turn",
+        "len",
+        "pos",
+    )
+
+    def __init__(self, chunk: np.ndarray) -> None:
+        self.chunk = chunk
+        self.pos = self.len = self.chunk_epoch = self.chunk_turn = 0
+        self.epoch_seen = -1
+        self.gain = 1.0
+        self.last_epoch = self.last_turn = 0
+        self.last: Any = None
 
 
 def _prefault(data: memoryview) -> None:
@@ -472,7 +502,7 @@ class EgressRing(_Ring):
         self._hdr = bytearray(CHUNK_HEADER_BYTES)
         if native:
             core = _ringcore.EgressCore(self._native_segment(), self.name, RingError, ChunkInfo)
-            self._bind_core(core, ("read_chunk",))
+            self._bind_core(core, ("read_chunk", "play"))
 
     @classmethod
     def create(
@@ -550,6 +580,22 @@ class EgressRing(_Ring):
             self._copy_out(r + CHUNK_HEADER_BYTES, out[:nsamples])
             self._publish_read(end)
             return ChunkInfo(epoch, turn_id, seq, nsamples)
+
+    def play_cursor(self, chunk: np.ndarray) -> PlayCursor:
+        """A consumer position for :meth:`play` (the C cursor when this ring's per-frame methods are native)."""
+        if self._core is not None:
+            return _ringcore.PlayCursor(chunk)  # type: ignore[return-value]  # the same attributes
+        return PlayCursor(chunk)
+
+    def play(self, work: np.ndarray, cursor: PlayCursor) -> int:
+        """The consumer's steady-state frame in one call: fill ``work`` when the gain is unity, the epoch is
+        ``cursor.epoch_seen`` and everything the frame takes is more of the turn that played last; returns the model
+        samples written (the rest zeroed) and advances the cursor, ``cursor.last.played`` and the playout words.
+        Returns -1, changing nothing, for any other frame, which the caller produces on its general path.
+
+        This Python path always declines: the C core (``_ringcore.c``, where the reason is written up) exists
+        because this frame costs ~25 µs of interpreter time per call; in Python the general path is the same work."""
+        return -1
 
     def drop_stale(self) -> int:
         """Discard queued chunks of older epochs without reading current ones; returns how many."""
@@ -680,13 +726,15 @@ class RingPair:
         output_rate: int,
         ingress_seconds: float = 4.0,
         egress_seconds: float = 8.0,
+        native: bool = NATIVE,
     ) -> RingPair:
-        """Create both rings sized to hold at least the given seconds of audio (rounded up to a power of two)."""
+        """Create both rings sized to hold at least the given seconds of audio (rounded up to a power of two);
+        ``native=False`` keeps this process's side of both on the Python path."""
         in_samples = _pow2_at_least(int(input_rate * ingress_seconds))
         out_bytes = _pow2_at_least(int(output_rate * egress_seconds * 2) + 64 * CHUNK_HEADER_BYTES)
-        ingress = IngressRing.create(in_samples, input_rate)
+        ingress = IngressRing.create(in_samples, input_rate, native=native)
         try:
-            egress = EgressRing.create(out_bytes, output_rate)
+            egress = EgressRing.create(out_bytes, output_rate, native=native)
         except BaseException:
             ingress.close()
             raise

@@ -12,7 +12,7 @@ import pytest
 
 from engine_bridge import protocol as p
 from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE
-from engine_bridge.ring import RingPair
+from engine_bridge.ring import NATIVE, RingPair
 from media.codecs import ALAW_ENCODE, ULAW_ENCODE, AudioEncoding
 from media.egress import TRANSCRIPT_QUEUE_LIMIT, EgressPlayer
 from media.pacer import Pacer
@@ -26,9 +26,17 @@ class FakeSession:
     closed: bool = False
 
 
-@pytest.fixture
-def session() -> Iterator[FakeSession]:
-    rings = RingPair.create(input_rate=ENGINE_INPUT_RATE, output_rate=ENGINE_OUTPUT_RATE, egress_seconds=4.0)
+#: Every player test runs on both ring paths: the C core's one-call steady-state frame (``EgressRing.play``) and the
+#: Python path, where ``play`` always declines and the player's general path does every frame.
+RING_PATHS = [pytest.param(False, id="python")] + ([pytest.param(True, id="native")] if NATIVE else [])
+
+
+@pytest.fixture(params=RING_PATHS)
+def session(request: pytest.FixtureRequest) -> Iterator[FakeSession]:
+    rings = RingPair.create(
+        input_rate=ENGINE_INPUT_RATE, output_rate=ENGINE_OUTPUT_RATE, egress_seconds=4.0, native=request.param
+    )
+    assert rings.egress.native is request.param
     s = FakeSession(rings)
     yield s
     if not s.closed:
@@ -241,9 +249,9 @@ def test_turn_change_inside_a_frame(session: FakeSession) -> None:
 def test_playout_is_counted_per_turn_across_more_turns_than_the_table_holds_and_a_barge_in(
     session: FakeSession,
 ) -> None:
-    """The player counts a frame of the turn that played last without a table lookup; that count must stay the
-    turn's own when turns follow each other (more of them than the table keeps) and when a barge-in makes the
-    last turn stale."""
+    """The player counts a frame of the turn that played last through its cursor's record of that turn (in C on the
+    native ring); that count must stay the turn's own when turns follow each other (more of them than the table
+    keeps) and when a barge-in makes the last turn stale."""
     eg = session.rings.egress
     player = EgressPlayer(session, rate=24000)
     turns = 20  # more than TURN_TABLE_LIMIT (16)
@@ -300,6 +308,85 @@ def test_output_buffers_stay_valid_for_one_more_frame(session: FakeSession) -> N
     a = player.next_frame()
     b = player.next_frame()
     assert a.pcm.tolist() == list(range(480)) and b.pcm.tolist() == list(range(480, 960))
+
+
+@pytest.mark.skipif(
+    not NATIVE, reason="compares the C steady-state frame with the Python path; needs the C core"
+)
+@pytest.mark.parametrize(("rate", "seed"), [(24000, 0), (16000, 1), (24000, 2), (48000, 3)])
+def test_the_c_steady_state_frame_matches_the_python_player_frame_for_frame(rate: int, seed: int) -> None:
+    """Two players, one on a native ring and one on a Python ring, fed the same seeded script of engine writes
+    (chunks of any size, new turns, barge-ins with stale chunks left behind, ducks and lifts, transcripts, a full
+    ring): every frame (audio, model samples, epoch, turn, transcripts), the playout words and the counters are
+    identical, and many speaking frames on the native ring were the C call's (``play`` returned a count)."""
+    rng = np.random.default_rng(seed)
+    pairs = [
+        RingPair.create(
+            input_rate=ENGINE_INPUT_RATE, output_rate=ENGINE_OUTPUT_RATE, egress_seconds=1.0, native=native
+        )
+        for native in (True, False)
+    ]
+    try:
+        c_ring, py_ring = pairs[0].egress, pairs[1].egress
+        taken = [0]
+        c_play = c_ring.play
+
+        def counting_play(work: np.ndarray, cursor: object) -> int:
+            n = c_play(work, cursor)  # type: ignore[arg-type]
+            taken[0] += n > 0
+            return n
+
+        c_ring.play = counting_play  # type: ignore[method-assign]
+        players = [EgressPlayer(FakeSession(pair), rate=rate) for pair in pairs]
+        epoch, turn, seq, sent = 0, 1, 0, 0
+        speaking_frames = 0
+        for _ in range(1500):
+            roll = rng.random()
+            if (
+                roll < 0.03
+            ):  # barge-in: the epoch moves, a stale chunk of the old one is already queued behind
+                for eg in (c_ring, py_ring):
+                    eg.write_chunk(epoch, turn, seq, np.full(300, 99, np.int16))
+                    eg.bump_epoch()
+                epoch, turn, seq, sent = epoch + 1, turn + 1, 0, 0
+            elif roll < 0.08:
+                turn, seq, sent = turn + 1, 0, 0
+            elif roll < 0.12:
+                gain = float(rng.choice([0.0, 0.25, 1.0]))
+                for eg in (c_ring, py_ring):
+                    eg.set_gain(gain)
+            elif roll < 0.15:
+                for eg in (c_ring, py_ring):
+                    eg.set_gain(1.0)
+            if rng.random() < 0.6:
+                pcm = rng.integers(-20000, 20000, int(rng.integers(1, 1500)), dtype=np.int16)
+                ok = [eg.write_chunk(epoch, turn, seq, pcm) for eg in (c_ring, py_ring)]
+                assert ok[0] == ok[1]
+                if ok[0]:
+                    for player in players:
+                        player.add_transcript(
+                            _tx(turn, epoch, sent, sent + pcm.shape[0], f"{epoch}/{turn}/{seq}")
+                        )
+                    seq, sent = seq + 1, sent + pcm.shape[0]
+            a, b = (player.next_frame() for player in players)
+            assert np.array_equal(a.pcm, b.pcm)
+            assert (a.model_samples, a.epoch, a.turn_id, a.speaking, a.start_ms) == (
+                b.model_samples,
+                b.epoch,
+                b.turn_id,
+                b.speaking,
+                b.start_ms,
+            )
+            assert a.transcripts == b.transcripts
+            assert c_ring.playout() == py_ring.playout()
+            assert players[0].stats() == players[1].stats()
+            speaking_frames += a.speaking
+        assert speaking_frames > 500
+        assert taken[0] > speaking_frames // 3, (taken[0], speaking_frames)  # this script ducks often
+        assert taken[0] < speaking_frames  # the script reached the general path too
+    finally:
+        for pair in pairs:
+            pair.close()
 
 
 def test_bad_configurations() -> None:

@@ -412,3 +412,84 @@ def test_two_processes_exchange_tagged_chunks_with_barge_ins_bit_exact(native: b
         if proc.is_alive():
             proc.kill()
         ring.close()
+
+
+class _TurnRecord:
+    """Stands in for the media player's turn record: ``play`` advances its ``played``."""
+
+    def __init__(self, played: int = 0) -> None:
+        self.played = played
+
+
+@pytest.mark.skipif(not NATIVE, reason="EgressRing.play has a C core only; the Python path always declines")
+def test_egress_play_takes_only_the_steady_state_and_declines_without_side_effects() -> None:
+    """``play`` fills a frame only when the gain is unity, the epoch is the one the cursor saw and every sample is
+    the last-played turn's; anything else returns -1 with the cursor, the record, the read cursor and the playout
+    words untouched. A frame it takes is bit-exact, spans chunks, keeps a chunk's tail held, zero-fills an underrun
+    and reports the turn's playout."""
+    ring = EgressRing.create(1 << 14, 24000)
+    try:
+        cur = ring.play_cursor(np.zeros(ring.capacity_bytes // 2, np.int16))
+        work = np.full(480, 7, np.int16)
+        x = np.arange(1000, dtype=np.int16)
+
+        def state() -> tuple[object, ...]:
+            return (
+                cur.pos,
+                cur.len,
+                cur.chunk_epoch,
+                cur.chunk_turn,
+                rec.played,
+                ring.read_cursor,
+                ring.playout(),
+            )
+
+        rec = _TurnRecord(100)
+        ring.write_chunk(0, 1, 0, x[:300])
+        assert ring.play(work, cur) == -1  # no turn has played yet (cursor.last is None)
+        cur.last, cur.last_epoch, cur.last_turn = rec, 0, 1
+        assert ring.play(work, cur) == -1  # the epoch word (0) is not the one the cursor saw (-1)
+        cur.epoch_seen = 0
+        cur.gain = 0.5
+        assert ring.play(work, cur) == -1  # a gain ramp is pending
+        cur.gain = 1.0
+        ring.set_gain(0.5)
+        before = state()
+        assert ring.play(work, cur) == -1 and state() == before  # ducked
+        ring.set_gain(1.0)
+        ring.write_chunk(0, 1, 1, x[300:1000])
+        assert ring.play(work, cur) == 480  # 300 + 180 of the next chunk, whose tail stays held
+        assert np.array_equal(work, x[:480])
+        assert (cur.pos, cur.len, rec.played, ring.playout()) == (180, 700, 580, (0, 1, 580))
+        ring.write_chunk(0, 2, 0, x[:10])  # another turn queued behind the held tail
+        assert ring.play(work, cur) == 480 and np.array_equal(work, x[480:960])  # still all turn 1
+        before = state()
+        assert ring.play(work, cur) == -1 and state() == before  # the frame would reach turn 2
+        cur.pos = cur.len  # (as if the general path had played the rest and turn 2)
+        ring.read_chunk(np.zeros(100, np.int16))
+        assert ring.play(work, cur) == 0 and not work.any()  # nothing queued: silence, nothing reported
+        ring.write_chunk(0, 1, 2, x[:100])
+        assert ring.play(work, cur) == 100  # an underrun: the rest is zero
+        assert np.array_equal(work[:100], x[:100]) and not work[100:].any()
+        assert ring.playout() == (0, 1, 1160)  # 100 before, 480, 480 and 100
+        ring.write_chunk(0, 1, 3, x[:10])
+        ring.bump_epoch()
+        before = state()
+        assert ring.play(work, cur) == -1 and state() == before  # a barge-in is the general path's
+        cur.epoch_seen = 1
+        before = state()
+        assert ring.play(work, cur) == -1 and state() == before  # a stale chunk: skipped on the general path
+        cur.last_epoch = 1
+        ring.drop_stale()
+        ring.write_chunk(1, 1, 0, x[:600])
+        small = ring.play_cursor(np.zeros(500, np.int16))
+        small.epoch_seen, small.last, small.last_epoch, small.last_turn = 1, rec, 1, 1
+        before = state()
+        assert ring.play(work, small) == -1 and state() == before  # the chunk buffer cannot hold the chunk
+        with pytest.raises(TypeError):
+            ring.play(np.zeros(480, np.float32), cur)
+        with pytest.raises(TypeError):
+            ring.play(work, object())  # type: ignore[arg-type]
+    finally:
+        ring.close()
+    assert ring.play(work, cur) == -1  # closed: the Python path, which declines
