@@ -38,6 +38,7 @@ from livekit_omni.live import wire
 from livekit_omni.live.backpressure import InputBudget, InputVerdict
 from livekit_omni.live.eventlog import event_log
 from livekit_omni.live.resume import TRANSPORT_MISMATCH, DetachedTransport, ResumeTokens
+from livekit_omni.live.turn_latency import TurnLatencyClock
 from livekit_omni.supervisor import EngineUnavailableError
 from media.bridge import SessionBridge
 from media.codecs import AudioEncoding, alaw_encode, ulaw_encode
@@ -350,10 +351,7 @@ class LiveSession:
         # Timeline bookkeeping: input transcripts are kept non-decreasing.
         self._last_input_ms = 0
         self._last_output_ms = 0
-        # Turn latency: caller stopped (monotonic) -> first audible frame of a later reply.
-        self._stopped_at: float | None = None
-        self._stopped_turn = 0  # the reply playing when the caller stopped (its audio is not the answer)
-        self._playing_turn = 0
+        self._turn_latency = TurnLatencyClock()
         self._context: tuple[int, int] | None = None
         self._fatal: p.SessionError | None = None
         # Resume (livekit_omni.live.resume): the token of the last session.started; while detached (and while a
@@ -911,11 +909,9 @@ class LiveSession:
     def _on_model_audio(self, frame: OutputFrame) -> None:
         if not frame.model_samples:
             return  # a fixture
-        if self._stopped_at is not None and frame.turn_id != self._stopped_turn:
-            # The first audio of a reply that began after the caller stopped: the turn's latency.
-            self.metrics.turn_latency.observe(time.monotonic() - self._stopped_at)
-            self._stopped_at = None
-        self._playing_turn = frame.turn_id
+        latency = self._turn_latency.reply_frame(frame.turn_id, time.monotonic())
+        if latency is not None:
+            self.metrics.turn_latency.observe(latency)
 
     def _emit_output_transcripts(self, deltas: tuple[TranscriptDelta, ...] | list[TranscriptDelta]) -> None:
         for d in deltas:
@@ -952,9 +948,11 @@ class LiveSession:
                     self.emit(
                         wire.InputTranscriptDelta(delta=text, start_ms=start, end_ms=max(start, ev.end_ms))
                     )
+            case p.SpeechStarted():
+                self._turn_latency.caller_started()
             case p.SpeechStopped():
-                self._stopped_at = time.monotonic()
-                self._stopped_turn = self._playing_turn
+                if (latency := self._turn_latency.caller_stopped(time.monotonic())) is not None:
+                    self.metrics.turn_latency.observe(latency)
             case p.BargeIn():
                 self.metrics.barge_ins.inc()
             case p.Usage():
