@@ -9,15 +9,22 @@ the session's ``audio_stream`` read as fast as it yields (the agent's speaker). 
 echo engine (a test fixture: no models), so the engine's work is the same and small, and what differs is the
 path.
 
-* **CPU per frame**: user+system CPU (all threads; ``time.process_time`` here, ``psutil`` for ``serve``) of every process on the path *except the engine*,
+* **CPU per frame**: user+system CPU (all threads; ``time.process_time`` here, the process CPU-time clock for
+  ``serve``, both ns resolution) of every process on the path *except the engine*,
   over ``--seconds`` of real-time audio, divided by the frames pushed. Co-located: the agent process alone (it
   resamples into the ingress ring and paces the egress ring itself). Remote: the agent process (resample,
   base64, JSON, WebSocket) plus the ``serve`` process (WebSocket, JSON, base64, ring write, egress pacing, the
   deltas back); its engine child is not counted. One frame is 20 ms of duplex audio: the caller's frame in and
   the 20 ms of model audio out.
 * **Baseline, same run**: the harness alone (the tick loop building a 48 kHz ``rtc.AudioFrame`` per tick and
-  handing it to a no-op), measured just before the modes; it is subtracted from both, so the figures are the
-  plugin's path.
+  handing it to a no-op), measured just before the modes in every round; it is subtracted from that round's
+  figures, so they are the plugin's path.
+* **Rounds**: ``--rounds`` rounds of ``--seconds`` per mode, interleaved (baseline, then the three co-located
+  and remote measurements in an order that rotates each round), each mode with a fresh session; the figures are
+  the medians over the rounds and the ratio is the ratio of the medians. On this VM one 10-second window moves by
+  ±30 µs per frame with the machine's state (the baseline alone ranged 73-102 µs in three runs of an hour), which
+  is as large as the co-located figure itself: one window per mode, as before 2026-12-06, gave ratios from 3.2x
+  to 5.4x on the same code within five minutes.
 * **Co-located floor, same run**: what any co-located implementation pays per frame on this machine whatever its
   output path does: the real ``push_audio`` (the 48 → 16 kHz resampling into the ingress ring and the doorbell)
   plus the one wake-up of a consumer task per 20 ms frame that LiveKit's ``audio_stream`` needs, the consumer
@@ -25,16 +32,16 @@ path.
   highest ratio any co-located output path could reach in this run.
 * **Caller audio → engine latency**: from ``push_audio(frame)`` to the moment the engine's ingress ring write
   cursor next advances (the frame is in the ring the engine reads; the doorbell wakes it then). A second pass,
-  after the CPU pass, so the probe's cost is not in the CPU figures: a thread polls the write cursor every
+  after the first round's CPU pass, so the probe's cost is not in the CPU figures: a thread polls the write cursor every
   ~50 µs of the ring attached read-only (co-located: the ring this process created; remote: the ring the
   ``serve`` process created, found in /dev/shm by its creator's pid). Resampler look-ahead is not in it (the
   first advance after a push is that push's hand-off).
 
-Last line: JSON with ``colocated_us_per_frame``, ``remote_us_per_frame`` (baseline subtracted), ``ratio``
-(remote / co-located; target >= 5), ``colocated_floor_us_per_frame`` and ``ratio_ceiling`` (remote / floor), the
-latency percentiles and the raw figures.
+Last line: JSON with ``colocated_us_per_frame``, ``remote_us_per_frame`` (baseline subtracted, medians over the
+rounds), ``ratio`` (remote / co-located; target >= 5), ``colocated_floor_us_per_frame`` and ``ratio_ceiling``
+(remote / floor), the latency percentiles, the per-round figures and the raw ones.
 
-    python benchmarks/plugin_paths.py [--seconds 10]
+    python benchmarks/plugin_paths.py [--seconds 5] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import statistics
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -74,12 +82,18 @@ def caller_frames(n: int) -> list[rtc.AudioFrame]:
 
 
 def cpu_s(procs: list[psutil.Process]) -> float:
-    """User+system CPU seconds of ``procs`` (all threads). This process's own comes from
-    CLOCK_PROCESS_CPUTIME_ID (ns resolution); another's from /proc (10 ms ticks, fine over seconds)."""
+    """User+system CPU seconds of ``procs`` (all threads, those that ended included), from each process's CPU-time
+    clock (Linux: ``clock_gettime`` on the clock id ``MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)``, ns resolution,
+    like CLOCK_PROCESS_CPUTIME_ID for this process). /proc's figures count in 10 ms ticks, which over a 5-second
+    round of 250 frames is 40 µs per frame, as much as the co-located path's whole figure; psutil's are the
+    fallback where that clock is refused."""
     total = 0.0
     for p in procs:
-        t = p.cpu_times()
-        total += t.user + t.system
+        try:
+            total += time.clock_gettime(((~p.pid) << 3) | 2)
+        except OSError:
+            t = p.cpu_times()
+            total += t.user + t.system
     return total
 
 
@@ -184,6 +198,8 @@ async def run_mode(
     server_procs: list[psutil.Process],
     find_ring: Callable[[Any], Awaitable[IngressRing]],
     seconds: float,
+    *,
+    latency: bool,
 ) -> ModeResult:
     session = await open_session(model)
     out = [0.0]
@@ -198,6 +214,8 @@ async def run_mode(
         await asyncio.sleep(0.2)  # the last frames' way through
         agent, server = time.process_time() - a0, cpu_s(server_procs) - s0
         outputs = out[0] - out0
+        if not latency:
+            return ModeResult(name, n, agent, server, outputs, [])
         # Latency pass (the probe thread costs CPU, so it runs after the CPU window).
         ring = await find_ring(session)
         base = ring.write_cursor
@@ -257,18 +275,39 @@ async def baseline_us_per_frame(seconds: float) -> float:
     return (time.process_time() - c0) * 1e6 / len(frames)
 
 
-async def main_async(seconds: float) -> dict[str, Any]:
+@dataclass
+class Round:
+    baseline: float
+    colocated: ModeResult
+    remote: ModeResult
+    floor: float  # agent CPU per frame, baseline not subtracted
+
+    @property
+    def figures(self) -> dict[str, float]:
+        co, re_ = self.colocated.us_per_frame(self.baseline), self.remote.us_per_frame(self.baseline)
+        return {
+            "baseline": self.baseline,
+            "colocated": co,
+            "remote": re_,
+            "floor": self.floor - self.baseline,
+            "remote_agent": self.remote.agent_cpu_s * 1e6 / self.remote.frames,
+            "remote_server": self.remote.server_cpu_s * 1e6 / self.remote.frames,
+            "colocated_agent": self.colocated.agent_cpu_s * 1e6 / self.colocated.frames,
+            "ratio": re_ / co if co > 0 else float("nan"),
+        }
+
+
+async def main_async(seconds: float, rounds: int) -> dict[str, Any]:
     load = os.getloadavg()
     print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)")
     engine: EngineProcess = spawn_engine(adapter="loopback", max_sessions=2)
     server: ServerProcess | None = None
+    done: list[Round] = []
     try:
         client = await connect_engine(engine)
         await client.close()
         server = start_server(adapter="loopback", ready_timeout=60)
         serve_proc = psutil.Process(server.proc.pid)
-
-        baseline = await baseline_us_per_frame(seconds)
 
         async def colocated_ring(session: Any) -> IngressRing:
             assert isinstance(session, ColocatedSession) and session._es is not None
@@ -287,43 +326,87 @@ async def main_async(seconds: float) -> dict[str, Any]:
             assert len(new) == 1, f"expected one new ingress ring of the serve process, found {new}"
             return IngressRing.attach(new[0])
 
-        colocated = await run_mode(
-            "co-located (rings)", OmniDuplexModel(engine_address=engine.address), [], colocated_ring, seconds
-        )
-        floor = await floor_us_per_frame(OmniDuplexModel(engine_address=engine.address), seconds)
-        before.update(list_our_segments())
-        remote = await run_mode(
-            "remote (Live WebSocket)",
-            OmniDuplexModel(base_url=server.url + "/v1"),
-            [serve_proc],
-            remote_ring,
-            seconds,
-        )
+        async def colocated(latency: bool) -> ModeResult:
+            return await run_mode(
+                "co-located (rings)",
+                OmniDuplexModel(engine_address=engine.address),
+                [],
+                colocated_ring,
+                seconds,
+                latency=latency,
+            )
+
+        async def remote(latency: bool) -> ModeResult:
+            assert server is not None
+            before.clear()
+            before.update(list_our_segments())
+            return await run_mode(
+                "remote (Live WebSocket)",
+                OmniDuplexModel(base_url=server.url + "/v1"),
+                [serve_proc],
+                remote_ring,
+                seconds,
+                latency=latency,
+            )
+
+        async def floor(latency: bool) -> float:
+            return await floor_us_per_frame(OmniDuplexModel(engine_address=engine.address), seconds)
+
+        for r in range(rounds):
+            baseline = await baseline_us_per_frame(seconds)
+            # The three measurements in a rotating order, so none always follows the baseline or another.
+            steps: list[Callable[[bool], Awaitable[Any]]] = [colocated, floor, remote]
+            steps = steps[r % 3 :] + steps[: r % 3]
+            got: dict[Any, Any] = {}
+            for step in steps:
+                got[step] = await step(r == 0)  # the latency pass in the first round only
+            done.append(Round(baseline, got[colocated], got[remote], got[floor]))
+            f = done[-1].figures
+            print(
+                f"round {r + 1}/{rounds}: baseline {f['baseline']:.1f}, co-located {f['colocated']:.1f},"
+                f" remote {f['remote']:.1f}, floor {f['floor']:.1f} µs/frame: {f['ratio']:.1f}x",
+                flush=True,
+            )
     finally:
         if server is not None:
             server.stop()
         engine.stop()
 
-    print()
-    print(f"{seconds:.0f} s of 20 ms frames per mode, 48 kHz caller frames, loopback echo engine")
-    print(
-        f"{'path':26} {'agent µs/fr':>12} {'server µs/fr':>13} {'total−base':>11} {'out s':>11}"
-        f" {'lat p50 ms':>11} {'p95':>7} {'p99':>7}"
-    )
-    print(
-        f"{'baseline (harness only)':26} {baseline:12.1f} {'':>13} {'':>11} {'':>11} {'':>11} {'':>7} {'':>7}"
-    )
-    for r in (colocated, remote):
-        print(
-            f"{r.name:26} {r.agent_cpu_s * 1e6 / r.frames:12.1f} {r.server_cpu_s * 1e6 / r.frames:13.1f}"
-            f" {r.us_per_frame(baseline):11.1f} {r.output_s:11.1f} {pct(r.latencies_ms, 50):11.2f}"
-            f" {pct(r.latencies_ms, 95):7.2f} {pct(r.latencies_ms, 99):7.2f}"
-        )
-    print(f"{'co-located floor':26} {floor:12.1f} {'':>13} {floor - baseline:11.1f}")
-    co, re_ = colocated.us_per_frame(baseline), remote.us_per_frame(baseline)
+    figs = [rd.figures for rd in done]
+
+    def median(key: str) -> float:
+        return statistics.median(f[key] for f in figs)
+
+    co, re_, fl, base = median("colocated"), median("remote"), median("floor"), median("baseline")
     ratio = re_ / co if co > 0 else float("nan")
-    ceiling = re_ / (floor - baseline) if floor > baseline else float("nan")
-    print(f"\nratio remote / co-located CPU per frame: {ratio:.1f}x (target >= 5)")
+    ceiling = re_ / fl if fl > 0 else float("nan")
+    colocated0, remote0 = done[0].colocated, done[0].remote
+    print()
+    print(
+        f"{rounds} rounds of {seconds:.0f} s of 20 ms frames per mode, 48 kHz caller frames, loopback echo engine;"
+        " µs per frame, baseline subtracted per round"
+    )
+    print(
+        f"{'round':>5} {'baseline':>9} {'co-located':>11} {'floor':>7} {'remote':>8} {'(agent':>8} {'+ serve)':>9}"
+        f" {'ratio':>6}"
+    )
+    for i, f in enumerate(figs, 1):
+        print(
+            f"{i:>5} {f['baseline']:9.1f} {f['colocated']:11.1f} {f['floor']:7.1f} {f['remote']:8.1f}"
+            f" {f['remote_agent']:8.1f} {f['remote_server']:9.1f} {f['ratio']:5.1f}x"
+        )
+    print(
+        f"{'median':>5} {base:9.1f} {co:11.1f} {fl:7.1f} {re_:8.1f} {median('remote_agent'):8.1f}"
+        f" {median('remote_server'):9.1f} {ratio:5.1f}x"
+    )
+    print()
+    print(f"{'path (round 1)':26} {'out s':>7} {'lat p50 ms':>11} {'p95':>7} {'p99':>7}")
+    for m in (colocated0, remote0):
+        print(
+            f"{m.name:26} {m.output_s:7.1f} {pct(m.latencies_ms, 50):11.2f} {pct(m.latencies_ms, 95):7.2f}"
+            f" {pct(m.latencies_ms, 99):7.2f}"
+        )
+    print(f"\nratio remote / co-located CPU per frame (medians): {ratio:.1f}x (target >= 5)")
     print(
         f"ceiling remote / co-located floor: {ceiling:.1f}x (floor: push_audio plus one wake-up per frame, the"
         " output free; the most any co-located output path could reach in this run)"
@@ -332,27 +415,34 @@ async def main_async(seconds: float) -> dict[str, Any]:
         "colocated_us_per_frame": co,
         "remote_us_per_frame": re_,
         "ratio": ratio,
-        "colocated_floor_us_per_frame": floor - baseline,
+        "colocated_floor_us_per_frame": fl,
         "ratio_ceiling": ceiling,
-        "baseline_us_per_frame": baseline,
-        "colocated_agent_us_per_frame": colocated.agent_cpu_s * 1e6 / colocated.frames,
-        "remote_agent_us_per_frame": remote.agent_cpu_s * 1e6 / remote.frames,
-        "remote_server_us_per_frame": remote.server_cpu_s * 1e6 / remote.frames,
-        "colocated_latency_ms": {q: pct(colocated.latencies_ms, q) for q in (50, 95, 99)},
-        "remote_latency_ms": {q: pct(remote.latencies_ms, q) for q in (50, 95, 99)},
-        "latency_samples": [len(colocated.latencies_ms), len(remote.latencies_ms)],
-        "output_s": [colocated.output_s, remote.output_s],
+        "baseline_us_per_frame": base,
+        "colocated_agent_us_per_frame": median("colocated_agent"),
+        "remote_agent_us_per_frame": median("remote_agent"),
+        "remote_server_us_per_frame": median("remote_server"),
+        "colocated_latency_ms": {q: pct(colocated0.latencies_ms, q) for q in (50, 95, 99)},
+        "remote_latency_ms": {q: pct(remote0.latencies_ms, q) for q in (50, 95, 99)},
+        "latency_samples": [len(colocated0.latencies_ms), len(remote0.latencies_ms)],
+        "output_s": [colocated0.output_s, remote0.output_s],
+        "per_round": figs,
+        "rounds": rounds,
         "seconds": seconds,
-        "frames": colocated.frames,
+        "frames": colocated0.frames,
         "load_avg_start": load[0],
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=10.0, help="real-time audio per mode for the CPU pass")
+    ap.add_argument(
+        "--seconds", type=float, default=5.0, help="real-time audio per mode and round (CPU pass)"
+    )
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the figures are their medians")
     args = ap.parse_args()
-    finish(asyncio.run(main_async(args.seconds)))
+    if args.rounds < 1 or args.seconds <= 0:
+        ap.error("--rounds must be >= 1 and --seconds > 0")
+    finish(asyncio.run(main_async(args.seconds, args.rounds)))
 
 
 if __name__ == "__main__":
