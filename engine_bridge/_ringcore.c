@@ -482,6 +482,10 @@ EgressCore_play(RingCore *self, PyObject *const *args, Py_ssize_t nargs)
     PlayCursor *cur = (PlayCursor *)args[1];
     uint64_t *words = self->words;
     /* The gain before the epoch, as the Python player reads them (media/egress.py explains the order). */
+    if (cur->chunk == NULL || cur->last == NULL) { /* deleted attributes */
+        PyErr_SetString(PyExc_AttributeError, "PlayCursor.chunk and PlayCursor.last must be set");
+        return NULL;
+    }
     if (!self->has_view || cur->gain != 1.0 || cur->last == Py_None ||
         __atomic_load_n(&words[W_ATTENUATION], __ATOMIC_ACQUIRE) != 0) {
         return PyLong_FromLong(-1);

@@ -490,6 +490,9 @@ def test_egress_play_takes_only_the_steady_state_and_declines_without_side_effec
             ring.play(np.zeros(480, np.float32), cur)
         with pytest.raises(TypeError):
             ring.play(work, object())  # type: ignore[arg-type]
+        del small.last
+        with pytest.raises(AttributeError):
+            ring.play(work, small)
     finally:
         ring.close()
     assert ring.play(work, cur) == -1  # closed: the Python path, which declines
