@@ -192,6 +192,18 @@ ring_used(RingCore *self, uint64_t w, uint64_t r)
     return (int64_t)(w - r);
 }
 
+/* The tag of the chunk at cursor r (the caller checked 16 bytes are there). */
+static inline void
+egress_peek_tag(RingCore *self, uint64_t r, uint32_t tag[4])
+{
+    unsigned char hdr[CHUNK_HEADER_BYTES];
+    ring_copy_out(self, r, hdr, CHUNK_HEADER_BYTES);
+    for (int i = 0; i < 4; i++) { /* little-endian on any host */
+        tag[i] = (uint32_t)hdr[4 * i] | (uint32_t)hdr[4 * i + 1] << 8 | (uint32_t)hdr[4 * i + 2] << 16 |
+                 (uint32_t)hdr[4 * i + 3] << 24;
+    }
+}
+
 PyDoc_STRVAR(write_doc,
 "write(pcm) -> bool\n\n"
 "Append PCM16 (an int16 array or bytes of even length). Returns False and counts an overrun when the consumer\n"
@@ -317,13 +329,8 @@ EgressCore_read_chunk(RingCore *self, PyObject *out)
             PyBuffer_Release(&dst);
             Py_RETURN_NONE;
         }
-        unsigned char hdr[CHUNK_HEADER_BYTES];
-        ring_copy_out(self, r, hdr, CHUNK_HEADER_BYTES);
         uint32_t tag[4];
-        for (int i = 0; i < 4; i++) { /* little-endian on any host */
-            tag[i] = (uint32_t)hdr[4 * i] | (uint32_t)hdr[4 * i + 1] << 8 | (uint32_t)hdr[4 * i + 2] << 16 |
-                     (uint32_t)hdr[4 * i + 3] << 24;
-        }
+        egress_peek_tag(self, r, tag);
         uint64_t nbytes = 2 * (uint64_t)tag[3];
         uint64_t end = r + CHUNK_HEADER_BYTES + nbytes;
         if (end > w) {
@@ -447,18 +454,6 @@ static PyTypeObject PlayCursorType = {
     .tp_dealloc = (destructor)PlayCursor_dealloc,
     .tp_members = PlayCursor_members,
 };
-
-/* The tag of the chunk at cursor r (the caller checked 16 bytes are there). */
-static inline void
-egress_peek_tag(RingCore *self, uint64_t r, uint32_t tag[4])
-{
-    unsigned char hdr[CHUNK_HEADER_BYTES];
-    ring_copy_out(self, r, hdr, CHUNK_HEADER_BYTES);
-    for (int i = 0; i < 4; i++) { /* little-endian on any host */
-        tag[i] = (uint32_t)hdr[4 * i] | (uint32_t)hdr[4 * i + 1] << 8 | (uint32_t)hdr[4 * i + 2] << 16 |
-                 (uint32_t)hdr[4 * i + 3] << 24;
-    }
-}
 
 PyDoc_STRVAR(play_doc,
 "play(work, cursor) -> int\n\n"
