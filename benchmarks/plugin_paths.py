@@ -9,33 +9,36 @@ the session's ``audio_stream`` read as fast as it yields (the agent's speaker). 
 echo engine (a test fixture: no models), so the engine's work is the same and small, and what differs is the
 path.
 
-* **CPU per frame**: user+system CPU (all threads; ``time.process_time`` here, the process CPU-time clock for
-  ``serve``, both ns resolution) of every process on the path *except the engine*,
-  over ``--seconds`` of real-time audio, divided by the frames pushed. Co-located: the agent process alone (it
+* **CPU per frame**: user+system CPU (all threads; ``time.process_time`` in each mode's process, the process
+  CPU-time clock for ``serve``, both ns resolution) of every process on the path *except the engine*, over
+  ``--seconds`` of real-time audio, divided by the frames pushed. Co-located: the agent process alone (it
   resamples into the ingress ring and paces the egress ring itself). Remote: the agent process (resample,
   base64, JSON, WebSocket) plus the ``serve`` process (WebSocket, JSON, base64, ring write, egress pacing, the
   deltas back); its engine child is not counted. One frame is 20 ms of duplex audio: the caller's frame in and
   the 20 ms of model audio out.
-* **Baseline, same run**: the harness alone (the tick loop building a 48 kHz ``rtc.AudioFrame`` per tick and
-  handing it to a no-op), measured just before the modes in every round; it is subtracted from that round's
-  figures, so they are the plugin's path.
-* **Rounds**: ``--rounds`` rounds of ``--seconds`` per mode, interleaved (baseline, then the three co-located
-  and remote measurements in an order that rotates each round), each mode with a fresh session; the figures are
-  the medians over the rounds and the ratio is the ratio of the medians. On this VM one 10-second window moves by
-  ±30 µs per frame with the machine's state (the baseline alone ranged 73-102 µs in three runs of an hour), which
-  is as large as the co-located figure itself: one window per mode, as before 2026-12-06, gave ratios from 3.2x
-  to 5.4x on the same code within five minutes.
-* **Co-located floor, same run**: what any co-located implementation pays per frame on this machine whatever its
-  output path does: the real ``push_audio`` (the 48 → 16 kHz resampling into the ingress ring and the doorbell)
-  plus the one wake-up of a consumer task per 20 ms frame that LiveKit's ``audio_stream`` needs, the consumer
-  yielding a prebuilt frame (no ring read, no pacer). Baseline subtracted like the modes. ``remote / floor`` is the
-  highest ratio any co-located output path could reach in this run.
+* **The modes at once**: each mode runs in its own process (this script with ``--worker``), and all four measure
+  the same window, their 20 ms ticks 5 ms apart so no two wake together. Why: on this VM the cost of a frame
+  moves with the machine's state by more than the co-located figure itself (the baseline alone ranged 47-146 µs
+  between 5-second windows minutes apart on 2026-12-06), so modes measured one after another, even interleaved
+  in rounds with medians (the method until 2026-12-06), were compared across different machine states: one
+  run's rounds ranged from 2.6x to 78.8x. Measured in the same window, the machine's state is the same for all.
+* **Baseline, same window**: the harness alone (the tick loop handing prebuilt 48 kHz ``rtc.AudioFrame`` objects to a
+  no-op), in its own process like the modes; its per-frame CPU is subtracted from the modes' in the same round,
+  so they are the plugin's path.
+* **Rounds**: ``--rounds`` windows of ``--seconds``, each with fresh sessions (opened in the 3 s between windows,
+  then 0.5 s of frames before the window opens); the figures are the medians over the rounds and the ratio is
+  the ratio of the medians.
+* **Co-located floor, same window**: what any co-located implementation pays per frame on this machine whatever
+  its output path does: the real ``push_audio`` (the 48 → 16 kHz resampling into the ingress ring and the
+  doorbell) plus the one wake-up of a consumer task per 20 ms frame that LiveKit's ``audio_stream`` needs, the
+  consumer yielding a prebuilt frame (no ring read, no pacer). Baseline subtracted like the modes.
+  ``remote / floor`` is the highest ratio any co-located output path could reach in this run.
 * **Caller audio → engine latency**: from ``push_audio(frame)`` to the moment the engine's ingress ring write
-  cursor next advances (the frame is in the ring the engine reads; the doorbell wakes it then). A second pass,
-  after the first round's CPU pass, so the probe's cost is not in the CPU figures: a thread polls the write cursor every
-  ~50 µs of the ring attached read-only (co-located: the ring this process created; remote: the ring the
-  ``serve`` process created, found in /dev/shm by its creator's pid). Resampler look-ahead is not in it (the
-  first advance after a push is that push's hand-off).
+  cursor next advances (the frame is in the ring the engine reads; the doorbell wakes it then). A pass of its
+  own after the CPU rounds, one path after the other, so the probe's cost is in no CPU figure: a thread polls
+  the write cursor every ~50 µs of the ring attached read-only (co-located: the ring this process created;
+  remote: the ring the ``serve`` process created, found in /dev/shm by its creator's pid). Resampler look-ahead
+  is not in it (the first advance after a push is that push's hand-off).
 
 Last line: JSON with ``colocated_us_per_frame``, ``remote_us_per_frame`` (baseline subtracted, medians over the
 rounds), ``ratio`` (remote / co-located; target >= 5), ``colocated_floor_us_per_frame`` and ``ratio_ceiling``
@@ -49,13 +52,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import statistics
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import psutil
@@ -97,15 +102,24 @@ def cpu_s(procs: list[psutil.Process]) -> float:
     return total
 
 
-async def paced(frames: list[rtc.AudioFrame], push: Callable[[rtc.AudioFrame], None]) -> list[float]:
-    """Hand one frame per absolute 20 ms tick to ``push``; returns the monotonic time of each hand-off."""
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
+async def paced(
+    frames: list[rtc.AudioFrame],
+    push: Callable[[rtc.AudioFrame], None],
+    *,
+    start: float | None = None,
+    before_push: Callable[[int], None] | None = None,
+) -> list[float]:
+    """Hand frame ``k`` to ``push`` at ``start + k × 20 ms`` (monotonic; now when None); returns the monotonic time
+    of each hand-off. ``before_push(k)`` runs just before each push."""
+    loop = asyncio.get_running_loop()  # its clock is time.monotonic
+    t0 = loop.time() if start is None else start
     stamps: list[float] = []
     for k, frame in enumerate(frames):
         delay = t0 + k * TICK_S - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
+        if before_push is not None:
+            before_push(k)
         stamps.append(time.monotonic())
         push(frame)
     return stamps
@@ -154,20 +168,6 @@ def arrival_latencies_ms(
     return out
 
 
-@dataclass
-class ModeResult:
-    name: str
-    frames: int
-    agent_cpu_s: float
-    server_cpu_s: float
-    #: Seconds of model audio the stream yielded during the CPU pass (the echo: about the pass's length).
-    output_s: float
-    latencies_ms: list[float]
-
-    def us_per_frame(self, baseline_us: float) -> float:
-        return (self.agent_cpu_s + self.server_cpu_s) * 1e6 / self.frames - baseline_us
-
-
 async def open_session(model: OmniDuplexModel) -> llm.RealtimeSession:
     s = model.session()
     await s._update_session(
@@ -192,50 +192,62 @@ async def close_session(reader: asyncio.Task[None], session: Any, model: OmniDup
     await model.aclose()
 
 
-async def run_mode(
-    name: str,
-    model: OmniDuplexModel,
-    server_procs: list[psutil.Process],
-    find_ring: Callable[[Any], Awaitable[IngressRing]],
-    seconds: float,
-    *,
-    latency: bool,
-) -> ModeResult:
+async def latency_pass(
+    model: OmniDuplexModel, find_ring: Callable[[Any], Awaitable[IngressRing]], frames: int
+) -> list[float]:
+    """Caller audio → engine latency per push (ms), with a thread polling the ring's write cursor. Run on its own,
+    after the CPU rounds, so the probe's CPU is in no CPU figure."""
     session = await open_session(model)
     out = [0.0]
     reader = asyncio.create_task(drain_output(session, out))
     try:
-        await asyncio.sleep(0.5)  # settled: the first frames and the stream are flowing
-        n = int(seconds / TICK_S)
-        frames = caller_frames(n)
-        a0, s0 = time.process_time(), cpu_s(server_procs)
-        out0 = out[0]
-        await paced(frames, session.push_audio)
-        await asyncio.sleep(0.2)  # the last frames' way through
-        agent, server = time.process_time() - a0, cpu_s(server_procs) - s0
-        outputs = out[0] - out0
-        if not latency:
-            return ModeResult(name, n, agent, server, outputs, [])
-        # Latency pass (the probe thread costs CPU, so it runs after the CPU window).
+        await paced(caller_frames(25), session.push_audio)  # the resampler, the rings and the stream flowing
+        await asyncio.sleep(0.2)
         ring = await find_ring(session)
         base = ring.write_cursor
         probe = CursorProbe(ring)
         probe.start()
-        pushes = await paced(caller_frames(min(n, 500)), session.push_audio)
+        pushes = await paced(caller_frames(frames), session.push_audio)
         await asyncio.sleep(0.3)
         probe.stop()
         bytes_per_frame = ring.sample_rate // 50 * 2  # PCM16; the ingress cursors count bytes
         ring.close()
-        lat = arrival_latencies_ms(pushes, base, probe.changes, bytes_per_frame)
+        return arrival_latencies_ms(pushes, base, probe.changes, bytes_per_frame)
     finally:
         await close_session(reader, session, model)
-    return ModeResult(name, n, agent, server, outputs, lat)
 
 
-async def floor_us_per_frame(model: OmniDuplexModel, seconds: float) -> float:
-    """Agent CPU per frame of a co-located session whose output costs nothing: ``push_audio`` as in the modes, and
-    a consumer task woken by each push (as the pacer's nudge wakes the real stream) that yields one prebuilt
-    ``DuplexAudioFrame``. Baseline not subtracted."""
+# --- the CPU rounds: one process per mode, all four at once ------------------------------------------------------
+
+#: The modes measured in each round, each in its own process. ``baseline``: the harness alone (the tick loop
+#: handing prebuilt frames to a no-op). ``floor``: a co-located session whose output costs nothing (the real
+#: ``push_audio``, and a consumer woken by each push, as the pacer's nudge wakes the real stream, yielding one
+#: prebuilt frame).
+MODES: Final = ("baseline", "colocated", "floor", "remote")
+#: Where each mode's ticks fall inside the 20 ms period, so no two processes wake at the same moment on 2 vCPUs.
+PHASE_S: Final = {"baseline": 0.0, "colocated": 0.005, "floor": 0.010, "remote": 0.015}
+#: Between two rounds' windows: close the round's sessions, open fresh ones, and WARM_S of frames before the window.
+ROUND_GAP_S: Final = 3.0
+WARM_S: Final = 0.5
+
+
+@dataclass
+class Window:
+    """One mode's CPU over one round's window (its own process)."""
+
+    cpu_s: float
+    frames: int
+    #: Seconds of model audio the stream yielded in the window (the echo: about the window's length; 0 for the
+    #: baseline and the floor).
+    output_s: float
+    #: The process was not ready when the window opened (its figures do not cover the window): the run fails.
+    late: bool
+
+
+async def open_floor(
+    model: OmniDuplexModel,
+) -> tuple[Callable[[rtc.AudioFrame], None], Callable[[], Awaitable[None]]]:
+    """The floor's push and its teardown (see MODES)."""
     session = await open_session(model)
     loop = asyncio.get_running_loop()
     due: list[asyncio.Future[None]] = [loop.create_future()]
@@ -257,42 +269,150 @@ async def floor_us_per_frame(model: OmniDuplexModel, seconds: float) -> float:
             due[0].set_result(None)
 
     reader = asyncio.create_task(drain())
+    return push, lambda: close_session(reader, session, model)
+
+
+async def measure_window(
+    mode: str, engine_address: str, server_url: str, t_start: float, seconds: float
+) -> Window:
+    """Open ``mode``'s path, play WARM_S of frames, then measure this process's CPU over ``seconds`` of frames
+    from ``t_start`` (monotonic), on a 20 ms grid shifted by the mode's phase."""
+    out = [0.0]
+    close: Callable[[], Awaitable[None]] | None = None
+    push: Callable[[rtc.AudioFrame], None] = lambda f: None  # noqa: E731  # the baseline's
+    if mode == "floor":
+        push, close = await open_floor(OmniDuplexModel(engine_address=engine_address))
+    elif mode in ("colocated", "remote"):
+        model = (
+            OmniDuplexModel(engine_address=engine_address)
+            if mode == "colocated"
+            else OmniDuplexModel(base_url=server_url + "/v1")
+        )
+        session = await open_session(model)
+        reader = asyncio.create_task(drain_output(session, out))
+        push = session.push_audio
+
+        async def close_it() -> None:
+            await close_session(reader, session, model)
+
+        close = close_it
     try:
-        await asyncio.sleep(0.5)
-        await paced(caller_frames(25), push)  # the resampler and the ring warmed up
-        frames = caller_frames(int(seconds / TICK_S))
-        c0 = time.process_time()
-        await paced(frames, push)
-        return (time.process_time() - c0) * 1e6 / len(frames)
+        n_warm, n = int(WARM_S / TICK_S), int(seconds / TICK_S)
+        grid0 = t_start + PHASE_S[mode] - n_warm * TICK_S
+        late = time.monotonic() > grid0
+        frames = caller_frames(n_warm + n)
+        cpu0 = out0 = 0.0
+
+        def mark(k: int) -> None:
+            nonlocal cpu0, out0
+            if k == n_warm:
+                cpu0, out0 = time.process_time(), out[0]
+
+        await paced(frames, push, start=grid0, before_push=mark)
+        return Window(time.process_time() - cpu0, n, out[0] - out0, late)
     finally:
-        await close_session(reader, session, model)
+        if close is not None:
+            await close()
 
 
-async def baseline_us_per_frame(seconds: float) -> float:
-    frames = caller_frames(int(seconds / TICK_S))
-    c0 = time.process_time()
-    await paced(frames, lambda f: None)
-    return (time.process_time() - c0) * 1e6 / len(frames)
+async def worker_async(mode: str, engine_address: str, server_url: str, seconds: float, rounds: int) -> None:
+    """A mode's process: say READY, read the first window's start (monotonic) on stdin, measure ``rounds`` windows
+    one period apart, print their figures as one JSON line."""
+    print("READY", flush=True)
+    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    start = float(line)
+    got = []
+    for r in range(rounds):
+        w = await measure_window(
+            mode, engine_address, server_url, start + r * (seconds + ROUND_GAP_S), seconds
+        )
+        got.append(w.__dict__)
+    print(json.dumps(got), flush=True)
+
+
+@dataclass
+class Worker:
+    mode: str
+    proc: asyncio.subprocess.Process
+
+    @classmethod
+    async def spawn(
+        cls, mode: str, engine_address: str, server_url: str, seconds: float, rounds: int
+    ) -> Worker:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            __file__,
+            "--worker",
+            mode,
+            "--engine-address",
+            engine_address,
+            "--server-url",
+            server_url,
+            "--seconds",
+            str(seconds),
+            "--rounds",
+            str(rounds),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        return cls(mode, proc)
+
+    async def _line(self, timeout: float) -> str:
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if not line:
+            raise RuntimeError(
+                f"the {self.mode} worker exited (code {await self.proc.wait()}) before it answered"
+            )
+        return line.decode().strip()
+
+    async def ready(self) -> None:
+        if (line := await self._line(180)) != "READY":
+            raise RuntimeError(f"the {self.mode} worker said {line!r} instead of READY")
+
+    def go(self, start: float) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{start!r}\n".encode())
+
+    async def windows(self, timeout: float) -> list[Window]:
+        got = [Window(**w) for w in json.loads(await self._line(timeout))]
+        if any(w.late for w in got):
+            raise RuntimeError(f"the {self.mode} worker was not ready when a window opened")
+        return got
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
 
 
 @dataclass
 class Round:
-    baseline: float
-    colocated: ModeResult
-    remote: ModeResult
-    floor: float  # agent CPU per frame, baseline not subtracted
+    """One round's windows, all measured at the same time. µs per frame; the modes' own figures have the
+    baseline's per-frame CPU, measured in the same window, subtracted."""
+
+    windows: dict[str, Window]
+    serve_cpu_s: float
+
+    def per_frame(self, mode: str) -> float:
+        w = self.windows[mode]
+        return w.cpu_s * 1e6 / w.frames
 
     @property
     def figures(self) -> dict[str, float]:
-        co, re_ = self.colocated.us_per_frame(self.baseline), self.remote.us_per_frame(self.baseline)
+        base = self.per_frame("baseline")
+        n = self.windows["remote"].frames
+        remote_server = self.serve_cpu_s * 1e6 / n
+        co = self.per_frame("colocated") - base
+        re_ = self.per_frame("remote") + remote_server - base
         return {
-            "baseline": self.baseline,
+            "baseline": base,
             "colocated": co,
             "remote": re_,
-            "floor": self.floor - self.baseline,
-            "remote_agent": self.remote.agent_cpu_s * 1e6 / self.remote.frames,
-            "remote_server": self.remote.server_cpu_s * 1e6 / self.remote.frames,
-            "colocated_agent": self.colocated.agent_cpu_s * 1e6 / self.colocated.frames,
+            "floor": self.per_frame("floor") - base,
+            "remote_agent": self.per_frame("remote"),
+            "remote_server": remote_server,
+            "colocated_agent": self.per_frame("colocated"),
             "ratio": re_ / co if co > 0 else float("nan"),
         }
 
@@ -300,20 +420,46 @@ class Round:
 async def main_async(seconds: float, rounds: int) -> dict[str, Any]:
     load = os.getloadavg()
     print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)")
-    engine: EngineProcess = spawn_engine(adapter="loopback", max_sessions=2)
+    engine: EngineProcess = spawn_engine(adapter="loopback", max_sessions=4)
     server: ServerProcess | None = None
+    workers: list[Worker] = []
     done: list[Round] = []
     try:
         client = await connect_engine(engine)
         await client.close()
         server = start_server(adapter="loopback", ready_timeout=60)
         serve_proc = psutil.Process(server.proc.pid)
+        workers = [await Worker.spawn(m, engine.address, server.url, seconds, rounds) for m in MODES]
+        for w in workers:
+            await w.ready()
+        period = seconds + ROUND_GAP_S
+        start = time.monotonic() + ROUND_GAP_S
+        for w in workers:
+            w.go(start)
+        # The serve process works for the remote worker's session alone: its CPU over that worker's windows.
+        serve_cpu: list[float] = []
+        for r in range(rounds):
+            t0 = start + r * period + PHASE_S["remote"]
+            await asyncio.sleep(max(0.0, t0 - time.monotonic()))
+            c0 = cpu_s([serve_proc])
+            await asyncio.sleep(max(0.0, t0 + seconds - time.monotonic()))
+            serve_cpu.append(cpu_s([serve_proc]) - c0)
+        got = {w.mode: await w.windows(60 + period) for w in workers}
+        for r in range(rounds):
+            done.append(Round({m: got[m][r] for m in MODES}, serve_cpu[r]))
+            f = done[-1].figures
+            print(
+                f"round {r + 1}/{rounds}: baseline {f['baseline']:.1f}, co-located {f['colocated']:.1f},"
+                f" remote {f['remote']:.1f}, floor {f['floor']:.1f} µs/frame: {f['ratio']:.1f}x",
+                flush=True,
+            )
 
+        # Latency, one path after the other, after the CPU rounds.
         async def colocated_ring(session: Any) -> IngressRing:
             assert isinstance(session, ColocatedSession) and session._es is not None
             return IngressRing.attach(session._es.rings.ingress.name)
 
-        before: set[str] = set()
+        before: set[str] = set(list_our_segments())
 
         async def remote_ring(session: Any) -> IngressRing:
             assert isinstance(session, RemoteSession)
@@ -326,48 +472,13 @@ async def main_async(seconds: float, rounds: int) -> dict[str, Any]:
             assert len(new) == 1, f"expected one new ingress ring of the serve process, found {new}"
             return IngressRing.attach(new[0])
 
-        async def colocated(latency: bool) -> ModeResult:
-            return await run_mode(
-                "co-located (rings)",
-                OmniDuplexModel(engine_address=engine.address),
-                [],
-                colocated_ring,
-                seconds,
-                latency=latency,
-            )
-
-        async def remote(latency: bool) -> ModeResult:
-            assert server is not None
-            before.clear()
-            before.update(list_our_segments())
-            return await run_mode(
-                "remote (Live WebSocket)",
-                OmniDuplexModel(base_url=server.url + "/v1"),
-                [serve_proc],
-                remote_ring,
-                seconds,
-                latency=latency,
-            )
-
-        async def floor(latency: bool) -> float:
-            return await floor_us_per_frame(OmniDuplexModel(engine_address=engine.address), seconds)
-
-        for r in range(rounds):
-            baseline = await baseline_us_per_frame(seconds)
-            # The three measurements in a rotating order, so none always follows the baseline or another.
-            steps: list[Callable[[bool], Awaitable[Any]]] = [colocated, floor, remote]
-            steps = steps[r % 3 :] + steps[: r % 3]
-            got: dict[Any, Any] = {}
-            for step in steps:
-                got[step] = await step(r == 0)  # the latency pass in the first round only
-            done.append(Round(baseline, got[colocated], got[remote], got[floor]))
-            f = done[-1].figures
-            print(
-                f"round {r + 1}/{rounds}: baseline {f['baseline']:.1f}, co-located {f['colocated']:.1f},"
-                f" remote {f['remote']:.1f}, floor {f['floor']:.1f} µs/frame: {f['ratio']:.1f}x",
-                flush=True,
-            )
+        n_lat = min(int(seconds / TICK_S), 500)
+        lat_co = await latency_pass(OmniDuplexModel(engine_address=engine.address), colocated_ring, n_lat)
+        before.update(list_our_segments())
+        lat_re = await latency_pass(OmniDuplexModel(base_url=server.url + "/v1"), remote_ring, n_lat)
     finally:
+        for w in workers:
+            await w.stop()
         if server is not None:
             server.stop()
         engine.stop()
@@ -380,11 +491,12 @@ async def main_async(seconds: float, rounds: int) -> dict[str, Any]:
     co, re_, fl, base = median("colocated"), median("remote"), median("floor"), median("baseline")
     ratio = re_ / co if co > 0 else float("nan")
     ceiling = re_ / fl if fl > 0 else float("nan")
-    colocated0, remote0 = done[0].colocated, done[0].remote
+    frames = done[0].windows["colocated"].frames
+    output_s = [done[0].windows["colocated"].output_s, done[0].windows["remote"].output_s]
     print()
     print(
-        f"{rounds} rounds of {seconds:.0f} s of 20 ms frames per mode, 48 kHz caller frames, loopback echo engine;"
-        " µs per frame, baseline subtracted per round"
+        f"{rounds} rounds of {seconds:.0f} s of 20 ms frames, the four modes at once (one process each),"
+        " 48 kHz caller frames, loopback echo engine; µs per frame, the same window's baseline subtracted"
     )
     print(
         f"{'round':>5} {'baseline':>9} {'co-located':>11} {'floor':>7} {'remote':>8} {'(agent':>8} {'+ serve)':>9}"
@@ -400,12 +512,12 @@ async def main_async(seconds: float, rounds: int) -> dict[str, Any]:
         f" {median('remote_server'):9.1f} {ratio:5.1f}x"
     )
     print()
-    print(f"{'path (round 1)':26} {'out s':>7} {'lat p50 ms':>11} {'p95':>7} {'p99':>7}")
-    for m in (colocated0, remote0):
-        print(
-            f"{m.name:26} {m.output_s:7.1f} {pct(m.latencies_ms, 50):11.2f} {pct(m.latencies_ms, 95):7.2f}"
-            f" {pct(m.latencies_ms, 99):7.2f}"
-        )
+    print(f"{'path':26} {'out s (round 1)':>16} {'lat p50 ms':>11} {'p95':>7} {'p99':>7}")
+    for name, out_s, lat in (
+        ("co-located (rings)", output_s[0], lat_co),
+        ("remote (Live WebSocket)", output_s[1], lat_re),
+    ):
+        print(f"{name:26} {out_s:16.1f} {pct(lat, 50):11.2f} {pct(lat, 95):7.2f} {pct(lat, 99):7.2f}")
     print(f"\nratio remote / co-located CPU per frame (medians): {ratio:.1f}x (target >= 5)")
     print(
         f"ceiling remote / co-located floor: {ceiling:.1f}x (floor: push_audio plus one wake-up per frame, the"
@@ -421,14 +533,15 @@ async def main_async(seconds: float, rounds: int) -> dict[str, Any]:
         "colocated_agent_us_per_frame": median("colocated_agent"),
         "remote_agent_us_per_frame": median("remote_agent"),
         "remote_server_us_per_frame": median("remote_server"),
-        "colocated_latency_ms": {q: pct(colocated0.latencies_ms, q) for q in (50, 95, 99)},
-        "remote_latency_ms": {q: pct(remote0.latencies_ms, q) for q in (50, 95, 99)},
-        "latency_samples": [len(colocated0.latencies_ms), len(remote0.latencies_ms)],
-        "output_s": [colocated0.output_s, remote0.output_s],
+        "colocated_latency_ms": {q: pct(lat_co, q) for q in (50, 95, 99)},
+        "remote_latency_ms": {q: pct(lat_re, q) for q in (50, 95, 99)},
+        "latency_samples": [len(lat_co), len(lat_re)],
+        "output_s": output_s,
         "per_round": figs,
         "rounds": rounds,
         "seconds": seconds,
-        "frames": colocated0.frames,
+        "frames": frames,
+        "method": "concurrent",
         "load_avg_start": load[0],
     }
 
@@ -438,10 +551,18 @@ def main() -> None:
     ap.add_argument(
         "--seconds", type=float, default=5.0, help="real-time audio per mode and round (CPU pass)"
     )
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the figures are their medians")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds; the figures are their medians")
+    ap.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)  # one mode's process (internal)
+    ap.add_argument("--engine-address", help=argparse.SUPPRESS)
+    ap.add_argument("--server-url", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rounds < 1 or args.seconds <= 0:
         ap.error("--rounds must be >= 1 and --seconds > 0")
+    if args.worker:
+        asyncio.run(
+            worker_async(args.worker, args.engine_address, args.server_url, args.seconds, args.rounds)
+        )
+        return
     finish(asyncio.run(main_async(args.seconds, args.rounds)))
 
 

@@ -41,7 +41,9 @@ def test_plugin_paths_short_run_reports_both_paths() -> None:
     assert out["remote_server_us_per_frame"] > 0  # the serve process did the remote path's server half
     if co > 0:
         assert math.isclose(out["ratio"], remote / co, rel_tol=0.02, abs_tol=0.02)
-    # Interleaved rounds: a row each and the medians, which are the headline figures.
+    # Rounds (the four modes measured at once, one process each): a row each and the medians, which are the
+    # headline figures.
+    assert out["method"] == "concurrent"
     assert out["rounds"] == 2 and len(out["per_round"]) == 2
     assert [line.split(":")[0] for line in lines if line.startswith("round ") and ":" in line] == [
         "round 1/2",
