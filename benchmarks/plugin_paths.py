@@ -17,7 +17,8 @@ path.
   deltas back); its engine child is not counted. One frame is 20 ms of duplex audio: the caller's frame in and
   the 20 ms of model audio out.
 * **The modes at once**: each mode runs in its own process (this script with ``--worker``), and all four measure
-  the same window, their 20 ms ticks 5 ms apart so no two wake together. Why: on this VM the cost of a frame
+  the same window, their 20 ms ticks 5 ms apart so no two wake together, the order of the four slots rotating
+  each round. Why: on this VM the cost of a frame
   moves with the machine's state by more than the co-located figure itself (the baseline alone ranged 47-146 µs
   between 5-second windows minutes apart on 2026-12-06), so modes measured one after another, even interleaved
   in rounds with medians (the method until 2026-12-06), were compared across different machine states: one
@@ -25,7 +26,7 @@ path.
 * **Baseline, same window**: the harness alone (the tick loop handing prebuilt 48 kHz ``rtc.AudioFrame`` objects to a
   no-op), in its own process like the modes; its per-frame CPU is subtracted from the modes' in the same round,
   so they are the plugin's path.
-* **Rounds**: ``--rounds`` windows of ``--seconds``, each with fresh sessions (opened in the 3 s between windows,
+* **Rounds**: ``--rounds`` windows (8, two turns of the slot rotation) of ``--seconds``, each with fresh sessions (opened in the 3 s between windows,
   then 0.5 s of frames before the window opens); the figures are the medians over the rounds and the ratio is
   the ratio of the medians.
 * **Co-located floor, same window**: what any co-located implementation pays per frame on this machine whatever
@@ -44,7 +45,7 @@ Last line: JSON with ``colocated_us_per_frame``, ``remote_us_per_frame`` (baseli
 rounds), ``ratio`` (remote / co-located; target >= 5), ``colocated_floor_us_per_frame`` and ``ratio_ceiling``
 (remote / floor), the latency percentiles, the per-round figures and the raw ones.
 
-    python benchmarks/plugin_paths.py [--seconds 5] [--rounds 5]
+    python benchmarks/plugin_paths.py [--seconds 5] [--rounds 8]
 """
 
 from __future__ import annotations
@@ -224,8 +225,16 @@ async def latency_pass(
 #: ``push_audio``, and a consumer woken by each push, as the pacer's nudge wakes the real stream, yielding one
 #: prebuilt frame).
 MODES: Final = ("baseline", "colocated", "floor", "remote")
-#: Where each mode's ticks fall inside the 20 ms period, so no two processes wake at the same moment on 2 vCPUs.
-PHASE_S: Final = {"baseline": 0.0, "colocated": 0.005, "floor": 0.010, "remote": 0.015}
+
+
+#: Where a mode's ticks fall inside the 20 ms period, so no two processes wake at the same moment on 2 vCPUs: mode
+#: ``i`` takes slot ``(i + round) % len(MODES)``, so each mode wakes in every position (first after the quiet gap,
+#: right after another process, ...) as often as the others over the rounds: a fixed order favoured some modes
+#: by 20-40 µs per frame on the EPYC VM.
+def phase_s(mode: str, round_index: int) -> float:
+    return TICK_S * ((MODES.index(mode) + round_index) % len(MODES)) / len(MODES)
+
+
 #: Between two rounds' windows: close the round's sessions, open fresh ones, and WARM_S of frames before the window.
 ROUND_GAP_S: Final = 3.0
 WARM_S: Final = 0.5
@@ -273,7 +282,7 @@ async def open_floor(
 
 
 async def measure_window(
-    mode: str, engine_address: str, server_url: str, t_start: float, seconds: float
+    mode: str, engine_address: str, server_url: str, t_start: float, seconds: float, phase: float
 ) -> Window:
     """Open ``mode``'s path, play WARM_S of frames, then measure this process's CPU over ``seconds`` of frames
     from ``t_start`` (monotonic), on a 20 ms grid shifted by the mode's phase."""
@@ -298,7 +307,7 @@ async def measure_window(
         close = close_it
     try:
         n_warm, n = int(WARM_S / TICK_S), int(seconds / TICK_S)
-        grid0 = t_start + PHASE_S[mode] - n_warm * TICK_S
+        grid0 = t_start + phase - n_warm * TICK_S
         late = time.monotonic() > grid0
         frames = caller_frames(n_warm + n)
         cpu0 = out0 = 0.0
@@ -324,7 +333,7 @@ async def worker_async(mode: str, engine_address: str, server_url: str, seconds:
     got = []
     for r in range(rounds):
         w = await measure_window(
-            mode, engine_address, server_url, start + r * (seconds + ROUND_GAP_S), seconds
+            mode, engine_address, server_url, start + r * (seconds + ROUND_GAP_S), seconds, phase_s(mode, r)
         )
         got.append(w.__dict__)
     print(json.dumps(got), flush=True)
@@ -439,7 +448,7 @@ async def main_async(seconds: float, rounds: int) -> dict[str, Any]:
         # The serve process works for the remote worker's session alone: its CPU over that worker's windows.
         serve_cpu: list[float] = []
         for r in range(rounds):
-            t0 = start + r * period + PHASE_S["remote"]
+            t0 = start + r * period + phase_s("remote", r)
             await asyncio.sleep(max(0.0, t0 - time.monotonic()))
             c0 = cpu_s([serve_proc])
             await asyncio.sleep(max(0.0, t0 + seconds - time.monotonic()))
@@ -551,7 +560,7 @@ def main() -> None:
     ap.add_argument(
         "--seconds", type=float, default=5.0, help="real-time audio per mode and round (CPU pass)"
     )
-    ap.add_argument("--rounds", type=int, default=5, help="rounds; the figures are their medians")
+    ap.add_argument("--rounds", type=int, default=8, help="rounds; the figures are their medians")
     ap.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)  # one mode's process (internal)
     ap.add_argument("--engine-address", help=argparse.SUPPRESS)
     ap.add_argument("--server-url", help=argparse.SUPPRESS)
