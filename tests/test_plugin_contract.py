@@ -13,6 +13,7 @@ import subprocess
 import sys
 import typing
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,11 +24,12 @@ from livekit.agents.voice import io
 
 import livekit_omni
 from livekit_omni.plugin import gate as gate_mod
+from livekit_omni.plugin import session as session_module
 from livekit_omni.plugin.colocated import ColocatedSession
 from livekit_omni.plugin.gate import IN_REPLY, OmniGate
 from livekit_omni.plugin.model import OmniDuplexModel, OmniOptions
 from livekit_omni.plugin.remote import RemoteSession, health_url, live_sessions_url
-from livekit_omni.plugin.session import DropOldestQueue, OmniSession, render_item
+from livekit_omni.plugin.session import DropOldestQueue, OmniSession, mono_pcm16_frame, render_item
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -286,3 +288,49 @@ def test_urls_and_item_rendering() -> None:
     call = llm.FunctionCall(call_id="c1", name="f", arguments='{"a": 1}')
     assert render_item(call) == ("developer", 'Called tool f with {"a": 1}')
     assert livekit_omni.OmniDuplexModel is OmniDuplexModel
+
+
+def test_mono_pcm16_frames_read_back_like_constructed_frames() -> None:
+    """The output frames' fast path (no ``rtc.AudioFrame`` constructor) is on with the installed livekit, and what
+    it builds is indistinguishable from a constructed frame: data, rate, channels, length, userdata, duration,
+    WAV export and LiveKit's own resampling."""
+    assert session_module.FAST_FRAMES, (
+        "the fast path's check failed on the installed livekit: frames use the constructor"
+    )
+    pcm = (np.arange(480, dtype=np.int16) * 37).tobytes()
+    for data, rate, userdata in (
+        (pcm, 24_000, None),
+        (pcm[:320], 16_000, {"in_reply": True}),
+        (b"", 24_000, None),
+    ):
+        fast = mono_pcm16_frame(data, rate, userdata)
+        built = rtc.AudioFrame(data, rate, 1, len(data) // 2, userdata=userdata)
+        assert bytes(fast.data.cast("B")) == bytes(built.data.cast("B")) == data
+        assert (fast.sample_rate, fast.num_channels, fast.samples_per_channel, fast.userdata) == (
+            built.sample_rate,
+            built.num_channels,
+            built.samples_per_channel,
+            built.userdata,
+        )
+        assert fast.duration == built.duration
+        if data:
+            assert fast.to_wav_bytes() == built.to_wav_bytes()
+    resampler = rtc.AudioResampler(24_000, 48_000, num_channels=1)
+    out = resampler.push(mono_pcm16_frame(pcm, 24_000)) + resampler.flush()
+    assert sum(f.samples_per_channel for f in out) > 0
+
+
+def test_mono_pcm16_frame_falls_back_to_the_constructor_when_the_check_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(session_module, "FAST_FRAMES", False)
+    calls: list[int] = []
+    real_init = rtc.AudioFrame.__init__
+
+    def counting_init(self: rtc.AudioFrame, *args: Any, **kwargs: Any) -> None:
+        calls.append(1)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(rtc.AudioFrame, "__init__", counting_init)
+    frame = mono_pcm16_frame(bytes(960), 24_000)
+    assert calls == [1] and frame.samples_per_channel == 480

@@ -44,6 +44,7 @@ from livekit_omni.plugin.session import (
     OmniReplyDone,
     OmniSession,
     frame_to_mono_pcm16,
+    mono_pcm16_frame,
 )
 from media.bridge import SessionBridge
 from media.egress import EgressPlayer
@@ -333,7 +334,6 @@ class ColocatedSession(OmniSession):
         if player is None:
             return  # the open failed (reported as an unrecoverable error) or the session closed first
         pacer = self._pacer
-        samples = player.frame_samples
         while not self._stream_closed:
             await pacer.tick()
             if self._stream_closed:
@@ -347,11 +347,7 @@ class ColocatedSession(OmniSession):
                     llm.DuplexOutputTranscriptDelta(text=t.text, start_ms=t.start_ms, end_ms=t.end_ms),
                 )
             # The payload is a view into the player's reused buffers; the frame keeps its own copy.
-            frame = rtc.AudioFrame(
-                out.payload.tobytes(),
-                out.rate,
-                1,
-                samples,
-                userdata={IN_REPLY: True} if self._reply_turn is not None else None,
+            frame = mono_pcm16_frame(
+                out.payload.tobytes(), out.rate, {IN_REPLY: True} if self._reply_turn is not None else None
             )
             yield llm.DuplexAudioFrame(frame=frame, start_ms=out.start_ms)

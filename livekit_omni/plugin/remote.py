@@ -47,6 +47,7 @@ from livekit_omni.plugin.session import (
     HistoryTurn,
     OmniSession,
     frame_to_mono_pcm16,
+    mono_pcm16_frame,
 )
 from media.resample import Resampler
 
@@ -464,7 +465,7 @@ class RemoteSession(OmniSession):
         # Decoded from base64 with the event; odd-length chunks are not whole samples (GPT-Live drops them too).
         if not data or len(data) % 2:
             return
-        frame = rtc.AudioFrame(data, SAMPLE_RATE, 1, len(data) // 2)
+        frame = mono_pcm16_frame(data, SAMPLE_RATE)
         self._out.put(llm.DuplexAudioFrame(frame=frame))
 
     def _on_transcript(
