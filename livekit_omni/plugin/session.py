@@ -71,31 +71,37 @@ class OmniBargeIn:
     played_ms: int
 
 
-def _built_like_the_constructor(
-    frame: rtc.AudioFrame, data: bytes, rate: int, userdata: dict[str, Any]
-) -> bool:
-    return (
-        bytes(frame.data.cast("B")) == data
-        and frame.sample_rate == rate
-        and frame.num_channels == 1
-        and frame.samples_per_channel == len(data) // 2
-        and frame.userdata == userdata
-    )
+def _frame_without_checks(data: bytes, rate: int, userdata: dict[str, Any] | None) -> rtc.AudioFrame:
+    """``rtc.AudioFrame(data, rate, 1, len(data) // 2, userdata=userdata)`` with its attributes set directly."""
+    frame = rtc.AudioFrame.__new__(rtc.AudioFrame)
+    frame._data = data
+    frame._sample_rate = rate
+    frame._num_channels = 1
+    frame._samples_per_channel = len(data) // 2
+    frame._userdata = {} if userdata is None else userdata
+    return frame
 
 
 def _check_fast_frames() -> bool:
     """Whether frames built by :func:`mono_pcm16_frame`'s fast path read back exactly like constructed ones on the
     installed ``livekit`` (its private attributes are what the fast path sets; a release that renames them turns
     the fast path off instead of building broken frames)."""
-    data, userdata = bytes(range(8)), {"k": 1}
+    data, rate, userdata = bytes(range(8)), 24_000, {"k": 1}
     try:
-        fast = rtc.AudioFrame.__new__(rtc.AudioFrame)
-        fast._data, fast._sample_rate, fast._num_channels = data, 24_000, 1
-        fast._samples_per_channel, fast._userdata = 4, userdata
-        built = rtc.AudioFrame(data, 24_000, 1, 4, userdata=userdata)
-        return (
-            _built_like_the_constructor(fast, data, 24_000, userdata)
-            and vars(fast).keys() == vars(built).keys()
+        fast = _frame_without_checks(data, rate, userdata)
+        built = rtc.AudioFrame(data, rate, 1, len(data) // 2, userdata=userdata)
+        return vars(fast).keys() == vars(built).keys() and (
+            bytes(fast.data.cast("B")),
+            fast.sample_rate,
+            fast.num_channels,
+            fast.samples_per_channel,
+            fast.userdata,
+        ) == (
+            bytes(built.data.cast("B")),
+            built.sample_rate,
+            built.num_channels,
+            built.samples_per_channel,
+            userdata,
         )
     except Exception:  # any difference means: use the constructor
         return False
@@ -115,13 +121,7 @@ def mono_pcm16_frame(data: bytes, rate: int, userdata: dict[str, Any] | None = N
     constructor builds the frame."""
     if not FAST_FRAMES:
         return rtc.AudioFrame(data, rate, 1, len(data) // 2, userdata=userdata)
-    frame = rtc.AudioFrame.__new__(rtc.AudioFrame)
-    frame._data = data
-    frame._sample_rate = rate
-    frame._num_channels = 1
-    frame._samples_per_channel = len(data) // 2
-    frame._userdata = {} if userdata is None else userdata
-    return frame
+    return _frame_without_checks(data, rate, userdata)
 
 
 def frame_to_mono_pcm16(frame: rtc.AudioFrame) -> np.ndarray:
