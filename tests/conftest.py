@@ -20,21 +20,25 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from livekit_omni.sessions.eventlog import dialect_log_path
+
 if TYPE_CHECKING:
     from engine_bridge.client import EngineClient
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Every server event the Live facade emits during the test session is appended here (JSON lines), and
-#: tests/test_zz_live_event_conformance.py validates them all against the openai SDK's models at the end.
-EVENT_LOG = Path(
-    os.environ.get("LIVEKIT_OMNI_TEST_EVENT_LOG", ROOT / "test-output" / "live-server-events.jsonl")
-)
+#: Every server event each dialect emits during the test session is appended to that dialect's file beside this
+#: path (JSON lines; livekit_omni.sessions.eventlog.dialect_log_path), and the event conformance test validates them
+#: all against the openai SDK's models at the end.
+EVENT_LOG = Path(os.environ.get("LIVEKIT_OMNI_TEST_EVENT_LOG", ROOT / "test-output" / "server-events.jsonl"))
+DIALECTS = ("live", "realtime")
+EVENT_LOGS = {d: dialect_log_path(EVENT_LOG, d) for d in DIALECTS}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     EVENT_LOG.parent.mkdir(parents=True, exist_ok=True)
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        EVENT_LOG.write_text("")
+        for path in EVENT_LOGS.values():
+            path.write_text("")
 
 
 def free_port() -> int:

@@ -23,7 +23,9 @@ from openai.types.live import ServerEvent
 from pydantic import BaseModel, ValidationError
 
 from livekit_omni.live import wire
-from tests.conftest import EVENT_LOG
+from tests.conftest import EVENT_LOGS
+
+EVENT_LOG = EVENT_LOGS["live"]
 
 
 def _models_by_type() -> dict[str, type[BaseModel]]:

@@ -36,7 +36,7 @@ from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE, FRAME_M
 from livekit_omni import worker_ids
 from livekit_omni.live import wire
 from livekit_omni.live.backpressure import InputBudget, InputVerdict
-from livekit_omni.live.eventlog import event_log
+from livekit_omni.sessions.eventlog import event_log
 from livekit_omni.live.resume import TRANSPORT_MISMATCH, DetachedTransport, ResumeTokens
 from livekit_omni.live.turn_latency import TurnLatencyClock
 from livekit_omni.supervisor import EngineUnavailableError
@@ -330,7 +330,7 @@ class LiveSession:
         self.allowed_client_events: frozenset[str] | None = None
         self.allowed_server_events: frozenset[str] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._log = event_log()
+        self._log = event_log("live")
         # Mute as the client asked for it; the engine is also muted while a fixture plays.
         self.user_muted = False
         self._fixture_playing = False

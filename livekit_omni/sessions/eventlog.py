@@ -1,8 +1,10 @@
-"""Optional JSONL log of every server event the facade emits (``LIVEKIT_OMNI_EVENT_LOG=/path/file.jsonl``).
+"""Optional JSONL logs of every server event the dialects emit (``LIVEKIT_OMNI_EVENT_LOG=/path/events.jsonl``).
 
-Each line is one frame exactly as it was sent to the client, audio deltas included (the session writes every frame
-through one method that logs it first), so the conformance test (tests/test_zz_live_event_conformance.py)
-validates what crossed the wire against the openai SDK's models. Writing happens on a daemon thread behind a
+Each dialect writes its own file beside the named one, the dialect before the suffix (``/path/events.live.jsonl``,
+``/path/events.realtime.jsonl``): the two dialects validate against different models. Each line is one frame exactly
+as it was sent to the client, audio deltas included (every session sends every frame through one method,
+:meth:`livekit_omni.sessions.base.DialectSession.send_frame`, that logs it first), so the conformance test
+(tests/test_event_conformance.py) validates what crossed the wire against the openai SDK's models. Writing happens on a daemon thread behind a
 bounded queue, so the event loop never waits on the disk; when the queue is full, lines are dropped and counted
 rather than buffered without bound.
 """
@@ -14,6 +16,7 @@ import logging
 import os
 import queue
 import threading
+from pathlib import Path
 from typing import Final
 
 log = logging.getLogger(__name__)
@@ -27,7 +30,7 @@ class EventLog:
         self.path = path
         self.dropped = 0
         self._q: queue.Queue[bytes | None] = queue.Queue(QUEUE_LIMIT)
-        self._thread = threading.Thread(target=self._run, name="live-event-log", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="event-log", daemon=True)
         self._thread.start()
         # Daemon threads die at interpreter exit; flush what is queued first (the last events of a test server
         # are its session.closed events).
@@ -76,16 +79,19 @@ class EventLog:
             os.close(fd)
 
 
-_log: EventLog | None = None
-_checked = False
+def dialect_log_path(path: str | os.PathLike[str], dialect: str) -> Path:
+    """Where ``dialect``'s frames go when ``LIVEKIT_OMNI_EVENT_LOG`` is ``path``."""
+    named = Path(path)
+    return named.with_name(f"{named.stem}.{dialect}{named.suffix or '.jsonl'}")
 
 
-def event_log() -> EventLog | None:
-    """The process's event log, or None when LIVEKIT_OMNI_EVENT_LOG is not set."""
-    global _log, _checked
-    if not _checked:
-        _checked = True
+_logs: dict[str, EventLog | None] = {}
+
+
+def event_log(dialect: str) -> EventLog | None:
+    """The process's event log of ``dialect`` (``live``, ``realtime``), or None when LIVEKIT_OMNI_EVENT_LOG is not
+    set."""
+    if dialect not in _logs:
         path = os.environ.get(ENV_VAR)
-        if path:
-            _log = EventLog(path)
-    return _log
+        _logs[dialect] = EventLog(str(dialect_log_path(path, dialect))) if path else None
+    return _logs[dialect]
