@@ -27,9 +27,9 @@ from livekit_omni.auth import AuthMiddleware
 from livekit_omni.chat import routes as chat_routes
 from livekit_omni.drain import Drain
 from livekit_omni.live.routes import routes as live_routes
-from livekit_omni.live.session import hub_of
 from livekit_omni.metrics import Metrics
 from livekit_omni.realtime.routes import routes as realtime_routes
+from livekit_omni.sessions.hub import hub_of
 from livekit_omni.settings import Settings
 from livekit_omni.supervisor import EngineState, EngineSupervisor
 

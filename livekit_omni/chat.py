@@ -27,7 +27,8 @@ from starlette.routing import BaseRoute, Route
 from engine_bridge import protocol as p
 from engine_bridge.client import TextStream
 from engine_bridge.control import EngineLostError, EngineRequestError, RequestTimeout
-from livekit_omni.supervisor import EngineState, EngineSupervisor
+from livekit_omni.sessions.hub import hub_of
+from livekit_omni.supervisor import EngineUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -286,18 +287,15 @@ def _finish_reason(done: p.TextDone) -> str:
 
 
 async def chat_completions(request: Request) -> Response:
-    sup: EngineSupervisor = request.app.state.supervisor
     try:
         req = parse_request(await request.body())
     except ChatError as e:
         return e.response()
-    client = sup.client
-    if client is None or client.lost or sup.state is not EngineState.READY:
-        return ChatError(
-            503, f"the engine is {sup.state}", type="server_error", code="engine_unavailable"
-        ).response()
     try:
-        stream = await client.start_text(req.messages, req.sampling)
+        # The same hub as the voice sessions: one way to the engine for every way in.
+        stream = await hub_of(request.app).start_text(req.messages, req.sampling)
+    except EngineUnavailableError as e:
+        return ChatError(503, str(e), type="server_error", code="engine_unavailable").response()
     except (EngineRequestError, EngineLostError, RequestTimeout) as e:
         return _engine_error(e).response()
     started = stream.started

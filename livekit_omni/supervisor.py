@@ -64,11 +64,15 @@ class EngineSupervisor:
     async def wait_ready(self, timeout: float | None = None) -> None:
         await asyncio.wait_for(self._ready.wait(), timeout)
 
-    async def open_session(self, config: p.SessionConfig, **kw: Any) -> EngineSession:
+    def ready_client(self) -> EngineClient:
+        """The attached engine's client; :class:`EngineUnavailableError` unless the engine is up and ready."""
         client = self.client
         if client is None or client.lost or self.state is not EngineState.READY:
             raise EngineUnavailableError(self.state, self.detail)
-        return await client.open_session(config, **kw)
+        return client
+
+    async def open_session(self, config: p.SessionConfig, **kw: Any) -> EngineSession:
+        return await self.ready_client().open_session(config, **kw)
 
     def health(self) -> dict[str, Any]:
         return {

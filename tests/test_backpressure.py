@@ -1,10 +1,10 @@
-"""The input budget both facade dialects share (livekit_omni/live/backpressure.py): no server needed."""
+"""The input budget both facade dialects share (livekit_omni/sessions/backpressure.py): no server needed."""
 
 from __future__ import annotations
 
 import pytest
 
-from livekit_omni.live.backpressure import InputBudget, InputVerdict
+from livekit_omni.sessions.backpressure import InputBudget, InputVerdict
 
 
 def test_real_time_input_is_always_admitted() -> None:

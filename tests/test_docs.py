@@ -116,3 +116,14 @@ def test_the_checks_catch_what_they_look_for() -> None:
         _slug("Tests that stand in for what cannot run here")
         == "tests-that-stand-in-for-what-cannot-run-here"
     )
+
+
+def test_architecture_names_every_livekit_omni_subpackage() -> None:
+    """docs/architecture.md describes the serving side as it is: every subpackage of livekit_omni is named there."""
+    text = (DOCS / "architecture.md").read_text()
+    packages = sorted(
+        p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "livekit_omni").glob("*/__init__.py")
+    )
+    assert packages, "no subpackage of livekit_omni was found"
+    missing = [pkg for pkg in packages if f"`{pkg}/`" not in text]
+    assert not missing, f"docs/architecture.md does not name {missing}"

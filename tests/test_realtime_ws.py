@@ -66,6 +66,9 @@ def server() -> Iterator[ServerProcess]:
             "LIVEKIT_OMNI_ENGINE__MAX_SESSIONS": "1",
             "LIVEKIT_OMNI_LIMITS__INPUT_BURST_S": "1.0",
             "LIVEKIT_OMNI_LIMITS__INPUT_BACKPRESSURE_GRACE_S": "1.0",
+            # The table's text-bound test echoes items of 400 kB; the default outbound cap (256 KiB) would replace
+            # their echo with event_too_large (tests/test_session_core.py checks the cap itself).
+            "LIVEKIT_OMNI_LIMITS__MAX_OUTBOUND_BYTES": str(1024 * 1024),
         },
     )
     yield s
@@ -412,7 +415,7 @@ async def test_the_conversation_table_is_bounded_oldest_items_leave_first(server
     """A session fed items for hours does not grow without end: past MAX_ITEMS items (or MAX_ITEM_CHARS of their
     text) the oldest leave the table; the newest stay retrievable. (The fuzzer found the growth: 10,000 events on
     one session grew the server by 60 MB.)"""
-    from livekit_omni.realtime.session import MAX_ITEM_CHARS, MAX_ITEMS
+    from livekit_omni.realtime.items import MAX_ITEM_CHARS, MAX_ITEMS
 
     def item(i: int, text: str = "") -> dict[str, Any]:
         content = [{"type": "input_text", "text": text}] if text else []

@@ -9,37 +9,37 @@ session, and ``session.started`` is the first event once the channel opens (the 
 Errors are JSON ``{error: {type, code, message}}``: 400 for a bad request, 401 for a bad key (the app's auth
 middleware), 503 when the engine is full or unavailable.
 
-The data-channel transport, the bounded body reader, the ICE-server list and the connect deadline are shared with
-the Realtime dialect's calls (:mod:`livekit_omni.realtime.webrtc`).
+The data-channel transport, the bounded body reader, the ICE-server list and the connect deadline are the session
+core's (:mod:`livekit_omni.sessions.webrtc`), shared with the Realtime dialect's calls.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
-from aiortc import RTCIceServer
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from livekit_omni.drain import DRAINING_CODE, DRAINING_MESSAGE, Drain
 from livekit_omni.live import wire
-from livekit_omni.live.resume import TOKEN_INVALID, TRANSPORT_MISMATCH
-from livekit_omni.live.session import CLOSE_TRY_AGAIN, LiveHub, LiveSession, hub_of
-from livekit_omni.settings import Settings
-from media.bridge import SessionBridge
-from media.webrtc import MAX_DATACHANNEL_BUFFERED, SdpError, WebRTCPeer, answer_offer
+from livekit_omni.live.session import LiveSession
+from livekit_omni.sessions.errors import WireError
+from livekit_omni.sessions.hub import TRY_AGAIN_CODES, SessionHub, hub_of
+from livekit_omni.sessions.resume import TOKEN_INVALID, TRANSPORT_MISMATCH
+from livekit_omni.sessions.state import SessionState
+from livekit_omni.sessions.transport import CLOSE_TRY_AGAIN
+from livekit_omni.sessions.webrtc import (
+    BODY_SLACK_BYTES,
+    DataChannelTransport,
+    answer_with_settings,
+    connect_deadline,
+    read_body,
+)
+from media.webrtc import SdpError, WebRTCPeer
 
 log = logging.getLogger(__name__)
-
-#: Room for the session config around the SDP in the request body.
-BODY_SLACK_BYTES: Final = 256 * 1024
-#: How long closing waits for queued data-channel events to be sent.
-DRAIN_TIMEOUT_S: Final = 1.0
 
 
 class _Transport(msgspec.Struct, kw_only=True):
@@ -58,104 +58,8 @@ class _CreateBody(msgspec.Struct, kw_only=True):
 _body_decoder: Final = msgspec.json.Decoder(_CreateBody)
 
 
-class DataChannelTransport:
-    """Events over the peer's data channel; audio on its track (so ``carries_audio`` is False)."""
-
-    kind = "webrtc"
-    carries_audio = False
-
-    def __init__(self) -> None:
-        self.peer: WebRTCPeer | None = None
-        #: Called once when the client stops reading its channel (the session should end).
-        self.on_stalled: Callable[[], None] | None = None
-        self.closed = False
-        self.refused = 0
-
-    def send(self, data: bytes) -> None:
-        peer = self.peer
-        if self.closed or peer is None:
-            return
-        if peer.send_text(data.decode()):
-            return
-        self.refused += 1
-        channel = peer.channel
-        if channel is not None and channel.readyState == "open" and self.on_stalled is not None:
-            # An open channel that cannot take more: the client stopped reading. End the session.
-            self.closed = True
-            self.on_stalled()
-
-    async def put(self, data: bytes) -> None:
-        # A backlog waits while the open channel holds over half of what it may buffer, so it never stalls it.
-        while not self.closed and (peer := self.peer) is not None:
-            ch = peer.channel
-            if ch is None or ch.readyState != "open" or ch.bufferedAmount <= MAX_DATACHANNEL_BUFFERED // 2:
-                break
-            await asyncio.sleep(0.02)
-        self.send(data)
-
-    async def close(self, code: int, reason: str = "") -> None:
-        self.closed = True
-        peer = self.peer
-        if peer is None:
-            return
-        # Let the last events (session.closed) leave the SCTP buffer before the association goes away.
-        ch = peer.channel
-        if ch is not None and ch.readyState == "open" and ch.bufferedAmount > 0:
-            drained = asyncio.Event()
-            ch.bufferedAmountLowThreshold = 0
-            ch.on("bufferedamountlow", drained.set)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(drained.wait(), DRAIN_TIMEOUT_S)
-        await peer.close()
-
-
-async def connect_deadline(
-    peer: WebRTCPeer, timeout: float, session_id: str, end: Callable[[], Awaitable[None]]
-) -> None:
-    """A client that never completes ICE/DTLS must not hold an engine slot until the session's lifetime ends."""
-    await asyncio.sleep(timeout)
-    if peer.connection_state != "connected":
-        log.info("webrtc session %s: not connected after %g s; closing it", session_id, timeout)
-        await end()
-
-
 def _error(status: int, code: str, message: str, *, type: str = wire.INVALID_REQUEST) -> JSONResponse:
     return JSONResponse({"error": {"type": type, "code": code, "message": message}}, status_code=status)
-
-
-async def read_body(request: Request, limit: int) -> bytes | None:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return None
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            return None
-    return bytes(body)
-
-
-async def answer_with_settings(
-    settings: Settings, sdp: str, bridge: SessionBridge, **handlers: Any
-) -> WebRTCPeer:
-    """:func:`media.webrtc.answer_offer` with the server's WebRTC settings (ICE servers, loopback-only), for both
-    dialects' calls; ``handlers`` are its ``on_*`` callbacks."""
-    return await answer_offer(
-        sdp,
-        bridge,
-        ice_servers=ice_servers(settings.webrtc.ice_servers),
-        loopback_only=True if settings.webrtc.loopback_only else None,
-        **handlers,
-    )
-
-
-def ice_servers(servers: list[dict[str, Any]]) -> list[RTCIceServer]:
-    out = []
-    for s in servers:
-        out.append(
-            RTCIceServer(urls=s.get("urls", []), username=s.get("username"), credential=s.get("credential"))
-        )
-    return out
 
 
 async def create_webrtc_session(request: Request) -> Response:
@@ -195,7 +99,7 @@ async def create_webrtc_session(request: Request) -> Response:
         return _error(400, "unsupported_parameter", "session.audio.format is negotiated by WebRTC; omit it")
     try:
         cfg = wire.resolve_config(req.session, with_format=False)
-    except wire.WireError as e:
+    except WireError as e:
         hub.metrics.rejected_sessions.labels(reason=e.code).inc()
         return _error(400, e.code, e.message)
 
@@ -212,8 +116,9 @@ async def create_webrtc_session(request: Request) -> Response:
         return _error(503, DRAINING_CODE, DRAINING_MESSAGE, type=wire.SERVER_ERROR)
     try:
         await live.open_or_raise(cfg)
-    except wire.WireError as e:
-        status = 503 if e.code in ("session_limit_reached", "engine_unavailable") else 500
+    except WireError as e:
+        await live.end(code=CLOSE_TRY_AGAIN, reason=e.code, notify=False)
+        status = 503 if e.code in TRY_AGAIN_CODES else 500
         hub.metrics.errors.labels(code=e.code).inc()
         return _error(status, e.code, e.message, type=e.type)
     assert live.bridge is not None
@@ -265,7 +170,7 @@ async def _answer(live: LiveSession, transport: DataChannelTransport, sdp: str) 
         live.emit(wire.error_event(code, message))
 
     def on_stalled() -> None:
-        live.spawn(live.end(None, code=CLOSE_TRY_AGAIN, notify=False))
+        live.spawn(live.end(code=CLOSE_TRY_AGAIN, notify=False))
 
     transport.on_stalled = on_stalled
     return await answer_with_settings(
@@ -289,16 +194,17 @@ def _use_peer(live: LiveSession, transport: DataChannelTransport, peer: WebRTCPe
             peer.track.player = overlay  # type: ignore[assignment]
 
 
-async def _resume_webrtc_session(hub: LiveHub, token: str, sdp: str) -> Response:
+async def _resume_webrtc_session(hub: SessionHub, token: str, sdp: str) -> Response:
     """A new offer with a resume token: a new peer for the token's detached session (docs/protocol.md, Resume).
     The token is spent only once the offer is answered, so a bad offer leaves it usable."""
-    live = hub.resume_tokens.peek(token)
+    peeked = hub.resume_tokens.peek(token)
+    live = peeked if isinstance(peeked, LiveSession) else None
     if live is not None and live.transport.kind != DataChannelTransport.kind:
         return _error(400, TRANSPORT_MISMATCH, "this token resumes a WebSocket session; resume it there")
     if live is None or live.bridge is None:
         try:
             hub.resume_tokens.take(token)  # raises the typed refusal (used, or invalid)
-        except wire.WireError as e:
+        except WireError as e:
             hub.metrics.resume_refused.labels(code=e.code).inc()
             return _error(400, e.code, e.message)
         return _error(400, TOKEN_INVALID, "no session to resume with this token")
@@ -311,9 +217,9 @@ async def _resume_webrtc_session(hub: LiveHub, token: str, sdp: str) -> Response
         log.exception("webrtc: answering the resume offer failed")
         return _error(500, "internal_error", f"could not answer the offer: {e}", type=wire.SERVER_ERROR)
     try:
-        if hub.resume_tokens.take(token) is not live or live.state != "active":
-            raise wire.WireError(TOKEN_INVALID, "the session has ended", param="resume_token")
-    except wire.WireError as e:  # another offer took it, or the session ended, while this one was answered
+        if hub.resume_tokens.take(token) is not live or live.state is not SessionState.ACTIVE:
+            raise WireError(TOKEN_INVALID, "the session has ended", param="resume_token")
+    except WireError as e:  # another offer took it, or the session ended, while this one was answered
         await peer.close()
         hub.metrics.resume_refused.labels(code=e.code).inc()
         return _error(400, e.code, e.message)

@@ -16,8 +16,6 @@ and so does the test client (:mod:`livekit_omni.testing.live_client`). docs/prot
 
 from __future__ import annotations
 
-import base64
-import binascii
 import itertools
 import secrets
 from dataclasses import dataclass
@@ -25,31 +23,14 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-# --- errors ---------------------------------------------------------------------------------------------------
-
-INVALID_REQUEST: Final = "invalid_request_error"
-SERVER_ERROR: Final = "server_error"
-
-
-class WireError(Exception):
-    """A command the server refuses; becomes an ``error`` event. ``fatal``: the session cannot go on."""
-
-    def __init__(
-        self,
-        code: str,
-        message: str,
-        *,
-        param: str | None = None,
-        type: str = INVALID_REQUEST,
-        client_event_id: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
-        self.type = type
-        self.client_event_id = client_event_id
-
+# The refusal and its types are one for both dialects (livekit_omni.sessions.errors); this module's users name them
+# through it.
+from livekit_omni.sessions.audio import Encoding as Encoding
+from livekit_omni.sessions.audio import WireFormat as WireFormat
+from livekit_omni.sessions.audio import decode_audio as decode_audio
+from livekit_omni.sessions.errors import INVALID_REQUEST as INVALID_REQUEST
+from livekit_omni.sessions.errors import SERVER_ERROR as SERVER_ERROR
+from livekit_omni.sessions.errors import WireError as WireError
 
 # --- configuration (session.start, and the resolved SessionResource) ------------------------------------------
 # One set of structs for both directions: the facade decodes them from session.start, the remote plugin encodes
@@ -306,25 +287,14 @@ def _param_from(msg: str) -> str | None:
     return param
 
 
-# --- audio formats --------------------------------------------------------------------------------------------
+# --- audio formats: the session core's (livekit_omni.sessions.audio), with the Live wire name of each -----------
 
-Encoding = Literal["pcm16", "pcmu", "pcma"]
+_FORMAT_TYPES: Final = {"pcm16": "audio/pcm", "pcmu": "audio/pcmu", "pcma": "audio/pcma"}
 
 
-@dataclass(frozen=True, slots=True)
-class WireFormat:
-    """A session audio format: the encoding on the wire and its sample rate."""
-
-    encoding: Encoding
-    rate: int
-
-    @property
-    def bytes_per_sample(self) -> int:
-        return 2 if self.encoding == "pcm16" else 1
-
-    def wire(self) -> AudioFormat:
-        names = {"pcm16": "audio/pcm", "pcmu": "audio/pcmu", "pcma": "audio/pcma"}
-        return AudioFormat(type=names[self.encoding], rate=self.rate)
+def format_wire(fmt: WireFormat) -> AudioFormat:
+    """A session audio format as the Live protocol writes it."""
+    return AudioFormat(type=_FORMAT_TYPES[fmt.encoding], rate=fmt.rate)
 
 
 DEFAULT_FORMAT: Final = WireFormat("pcm16", 24_000)
@@ -352,21 +322,6 @@ def parse_format(fmt: AudioFormat | None) -> WireFormat:
         f"unsupported audio format {fmt.type!r}; use audio/pcm (16000 or 24000), audio/pcmu or audio/pcma",
         param=f"{p}.type",
     )
-
-
-def decode_audio(b64: str, fmt: WireFormat, *, param: str = "audio") -> bytes:
-    """Base64 audio in ``fmt`` -> raw bytes, checked for whole samples."""
-    try:
-        raw = base64.b64decode(b64, validate=True)
-    except (binascii.Error, ValueError):
-        raise WireError("invalid_audio", "audio is not valid base64", param=param) from None
-    if len(raw) % fmt.bytes_per_sample:
-        raise WireError(
-            "invalid_audio",
-            f"audio has {len(raw)} bytes, not a whole number of 16-bit samples",
-            param=param,
-        )
-    return raw
 
 
 # --- session configuration ------------------------------------------------------------------------------------
@@ -599,7 +554,7 @@ def session_resource(
         instructions=cfg.instructions,
         input=cfg.input,
         audio=AudioConfig(
-            format=cfg.format.wire() if cfg.format is not None else None,
+            format=format_wire(cfg.format) if cfg.format is not None else None,
             output=AudioOutput(voice=cfg.voice),
         ),
         delegation=cfg.delegation,

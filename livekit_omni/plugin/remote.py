@@ -39,7 +39,6 @@ from livekit import rtc
 from livekit.agents import llm, utils
 
 from livekit_omni.live import wire
-from livekit_omni.live.resume import REFUSALS as RESUME_REFUSALS
 from livekit_omni.plugin.log import logger
 from livekit_omni.plugin.session import (
     AppendKind,
@@ -49,6 +48,7 @@ from livekit_omni.plugin.session import (
     frame_to_mono_pcm16,
     mono_pcm16_frame,
 )
+from livekit_omni.sessions.resume import REFUSALS as RESUME_REFUSALS
 from media.resample import Resampler
 
 if TYPE_CHECKING:

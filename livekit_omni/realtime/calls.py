@@ -17,12 +17,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.websockets import WebSocket
 
-from livekit_omni.live.session import CLOSE_NORMAL, CLOSE_TRY_AGAIN, LiveHub, hub_of
-from livekit_omni.live.webrtc import DataChannelTransport
-from livekit_omni.live.websocket import WebSocketTransport, receive_messages
 from livekit_omni.realtime import wire
 from livekit_omni.realtime.client_secrets import error_response
 from livekit_omni.realtime.session import RealtimeSession
+from livekit_omni.sessions.hub import SessionHub, hub_of
+from livekit_omni.sessions.transport import CLOSE_NORMAL, CLOSE_TRY_AGAIN
+from livekit_omni.sessions.webrtc import DataChannelTransport
+from livekit_omni.sessions.websocket import WebSocketTransport, receive_messages
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class CallTransport:
         await self.channel.close(code, reason)
 
 
-def find_call(hub: LiveHub, call_id: str) -> RealtimeSession | None:
+def find_call(hub: SessionHub, call_id: str) -> RealtimeSession | None:
     """The open Realtime WebRTC call ``call_id``, if this server holds it."""
     for s in hub.sessions:
         if s.id == call_id and isinstance(s, RealtimeSession) and isinstance(s.transport, CallTransport):
@@ -100,7 +101,11 @@ async def run_sideband(ws: WebSocket, transport: WebSocketTransport, call_id: st
 
     try:
         await receive_messages(
-            ws, transport, call.handle_text, limit=hub.settings.limits.max_message_bytes, too_large=too_large
+            ws,
+            transport,
+            call.handle_text,
+            limit=hub.settings.limits.max_message_bytes,
+            on_too_large=too_large,
         )
     finally:
         if isinstance(call.transport, CallTransport):

@@ -15,8 +15,8 @@ from typing import Any, Final
 import msgspec
 
 from engine_bridge import protocol as p
-from livekit_omni.live.wire import WireFormat
 from livekit_omni.realtime import wire
+from livekit_omni.sessions.audio import WireFormat
 
 DEFAULT_VOICE: Final = "marin"
 #: The dialect's default format, both ways: PCM16 mono at 24 kHz.

@@ -1,10 +1,10 @@
 """One OpenAI Realtime session: a projection of one engine session into the Realtime dialect.
 
-The engine knows nothing of items, responses or the input buffer; this module keeps them in a per-session table
-and drives them from the engine session's events, as the Live projection (:mod:`livekit_omni.live.session`) does
-with its own dialect. Both share the engine-session plumbing: :func:`~livekit_omni.live.session.open_engine_session`,
-the :class:`~media.bridge.SessionBridge` (ingress writer, egress player, event pump, keep-alive) and the hub's
-20 ms output clock.
+The engine knows nothing of items, responses or the input buffer; this dialect keeps them — the conversation table
+(:mod:`livekit_omni.realtime.items`), the responses (:mod:`livekit_omni.realtime.responses`) and the manual input
+buffer (:mod:`livekit_omni.realtime.input_buffer`) — and drives them from the engine session's events. The session
+core (:mod:`livekit_omni.sessions`) owns the rest, as for the Live dialect: lifecycle, emit (size cap, event log),
+housekeeping, the end, the hub's admission and 20 ms output clock.
 
 How the engine drives the table:
 
@@ -25,36 +25,26 @@ client's first ``session.update`` (instructions, voice, turn detection) is what 
 from __future__ import annotations
 
 import asyncio
-import collections
-import functools
 import logging
-import secrets
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
 from engine_bridge import protocol as p
 from engine_bridge.client import EngineSession
-from engine_bridge.control import ControlError, EngineLostError, EngineRequestError
 from engine_bridge.formats import FRAME_MS
-from livekit_omni import worker_ids
-from livekit_omni.live import wire as live_wire
-from livekit_omni.live.backpressure import InputBudget, InputVerdict
-from livekit_omni.live.session import (
-    CLOSE_INTERNAL,
-    CLOSE_NORMAL,
-    CLOSE_TRY_AGAIN,
-    ENGINE_REQUEST_TIMEOUT_S,
-    LiveHub,
-    Transport,
-    open_engine_session,
-)
 from livekit_omni.realtime import wire
 from livekit_omni.realtime.config import NO_TOKEN_CAP, RealtimeConfig, check_max_output_tokens
-from media.bridge import SessionBridge
+from livekit_omni.realtime.input_buffer import COMMIT_FEED_SPEED, MIN_COMMIT_MS, InputBuffer, Write
+from livekit_omni.realtime.items import ConversationItems, ItemRecord, engine_text, snapshot, stored_part
+from livekit_omni.realtime.responses import ResponseLog, ResponseRecord, keep_engine_text, response_wire
+from livekit_omni.sessions.audio import decode_audio
+from livekit_omni.sessions.base import ENGINE_REQUEST_TIMEOUT_S, DialectSession
+from livekit_omni.sessions.errors import INVALID_REQUEST, WireError
+from livekit_omni.sessions.hub import SessionHub
+from livekit_omni.sessions.state import SessionState
+from livekit_omni.sessions.transport import Transport
 from media.egress import EgressPlayer, OutputFrame
 
 if TYPE_CHECKING:
@@ -64,109 +54,29 @@ log = logging.getLogger(__name__)
 
 #: Output audio goes out in deltas of this many 20 ms frames (a small lead for barge-in).
 AUDIO_CHUNK_FRAMES: Final = 2
-#: ``input_audio_buffer.commit`` needs at least this much audio (OpenAI's rule; clients know its error).
-MIN_COMMIT_MS: Final = 100
-#: Manual mode: the committed buffer goes to the engine followed by this much silence, so its turn detector
-#: endpoints the last word.
-COMMIT_TAIL_MS: Final = 1200
-#: Manual mode: the buffer is fed at this multiple of real time (the ingress ring holds a few seconds).
-COMMIT_FEED_SPEED: Final = 4.0
 #: Manual mode: how long a response waits for a committed turn's transcript before answering anyway.
 TRANSCRIPT_WAIT_S: Final = 10.0
 #: Manual mode: a committed turn whose transcript has not come this long after its audio was fed is given up
 #: (the ASR heard no words in it).
 TRANSCRIPT_GIVE_UP_S: Final = 6.0
-#: A response the engine has not started this long after it was created ends ``failed`` (it never hangs open).
-RESPONSE_START_TIMEOUT_S: Final = 30.0
-#: The most caller audio an uncommitted manual buffer holds (older audio is dropped).
-MAX_BUFFER_S: Final = 60.0
-#: The conversation table's bounds (items, and the characters of text they hold): beyond them the oldest items
-#: leave the table (``retrieve``/``delete``/``truncate`` of them then get the not-found error). The thinker's own
-#: context is far smaller, so the model has long stopped seeing them; the bound is the server's memory.
-MAX_ITEMS: Final = 1000
-MAX_ITEM_CHARS: Final = 1_000_000
 
 
-@dataclass(slots=True)
-class ItemRecord:
-    """One conversation item: its wire form, and what the projection knows about it."""
-
-    item: wire.Item
-    #: Assistant items: audio sent (ms) and the words with their end (ms within the item's audio).
-    audio_ms: int = 0
-    words: list[tuple[str, int]] = field(default_factory=list)
-    #: User items: the turn's start on the engine's input clock (VAD), or the span of the engine's input a manual
-    #: commit was fed into (to match the transcript to its item).
-    start_ms: int | None = None
-    end_ms: int | None = None
-    #: Assistant items: the engine reply (turn) whose words the conversation holds.
-    turn_id: int | None = None
-    #: Characters of text the item brought (what counts against MAX_ITEM_CHARS).
-    chars: int = 0
-
-    @property
-    def id(self) -> str:
-        assert self.item.id is not None
-        return self.item.id
-
-
-@dataclass(slots=True)
-class ResponseRecord:
-    id: str
-    modalities: list[str]
-    metadata: dict[str, Any] | None
-    max_output_tokens: int | str
-    item: ItemRecord | None = None
-    #: The engine reply it projects (epoch, turn), once it started.
-    reply: tuple[int, int] | None = None
-    #: The engine finished generating; the response ends with the reply's last frame.
-    generated: bool = False
-    finished: bool = False
-    cancel_reason: str | None = None
-    #: Output timeline (ms) of the response's first audio frame.
-    first_frame_ms: int | None = None
-    audio_buf: bytearray = field(default_factory=bytearray)
-    audio_frames: int = 0
-    text: str = ""
-    #: The engine's token counts of the reply (ReplyDone): input, cached, output.
-    tokens: tuple[int, int, int] | None = None
-    #: When it was created (monotonic): a response the engine never starts fails after a while.
-    created_at: float = field(default_factory=time.monotonic)
-    #: ``conversation: "none"``: the answer is not added to the conversation (the engine forgets it afterwards).
-    out_of_band: bool = False
-    #: The engine stopped the reply at the client's ``max_output_tokens``: it ends ``incomplete``.
-    capped: bool = False
-
-    @property
-    def audio(self) -> bool:
-        return "audio" in self.modalities
-
-
-class RealtimeSession:
+class RealtimeSession(DialectSession[wire.ClientEvent, wire.ServerEvent]):
     """One Realtime session over one transport (a WebSocket, or a WebRTC call's data channel). See the module
     docstring."""
 
-    def __init__(self, hub: LiveHub, transport: Transport, *, model: str | None = None) -> None:
-        self.hub = hub
-        self.transport = transport
-        self.settings = hub.settings
-        self.metrics = hub.metrics
-        self.id = "sess_" + worker_ids.tagged(secrets.token_hex(12))
-        self.state = "new"  # new -> active (engine open) -> closed
+    dialect = "realtime"
+    id_prefix = "sess_"
+
+    def __init__(self, hub: SessionHub, transport: Transport, *, model: str | None = None) -> None:
+        super().__init__(hub, transport)
         self.config = RealtimeConfig(model=model or self.settings.model_name)
         self.expires_at = int(time.time() + self.settings.limits.session_lifetime_s)
-        self.started_at = time.monotonic()
-        self.engine: EngineSession | None = None
-        self.bridge: SessionBridge | None = None
         self.player: EgressPlayer | None = None
         self._opening: asyncio.Lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        #: The conversation: item id -> record, in conversation order.
-        self.items: dict[str, ItemRecord] = {}
-        self._item_chars = 0
-        #: Items that left the table at its bounds (MAX_ITEMS, MAX_ITEM_CHARS).
-        self.items_forgotten = 0
-        self.responses: dict[str, ResponseRecord] = {}
+        #: The conversation, in order.
+        self.items = ConversationItems()
+        self.responses = ResponseLog()
         #: The response in progress (created and not done), if any.
         self.active: ResponseRecord | None = None
         #: Engine replies of an epoch before this are stale (the client cancelled them).
@@ -175,45 +85,51 @@ class RealtimeSession:
         self._speaking: ItemRecord | None = None
         #: User items waiting for their transcript, oldest first.
         self._untranscribed: list[ItemRecord] = []
-        #: Manual mode: the uncommitted input buffer (engine-rate agnostic: bytes in the input format).
-        self._buffer = bytearray()
-        #: Manual mode over WebRTC: the track's audio since the last commit (mono int16 pieces at _track_rate).
-        self._track_audio: collections.deque[np.ndarray] = collections.deque()
-        self._track_samples = 0
-        self._track_rate = 48_000
+        #: Manual mode: the uncommitted input (appended bytes, or a WebRTC call's track audio).
+        self._buffer = InputBuffer()
         self._peer: WebRTCPeer | None = None
         self._input_ms = 0.0  # all audio appended, on the dialect's input clock
         #: Manual mode: engine input fed so far (ms), and the lock that keeps commits in order.
         self._fed_ms = 0.0
         self._feeding = asyncio.Lock()
         self._transcribed = asyncio.Event()
-        self._closing = False
         #: Whether the engine session was opened for manual turn-taking (None: not open yet).
         self._opened_manual: bool | None = None
         #: server_vad ``idle_timeout_ms``: when the caller's silence after the last response's audio triggers a
         #: response (monotonic), and where the input clock stood when that silence began.
         self._idle_deadline: float | None = None
         self._idle_from_ms = 0.0
-        limits = self.settings.limits
-        self._budget = InputBudget(
-            burst_s=limits.input_burst_s, grace_s=limits.input_backpressure_grace_s, now=time.monotonic()
-        )
-        #: The engine's latest context size (tokens), for ``response.done`` usage.
-        self._context_tokens = 0
 
-    # --- plumbing -----------------------------------------------------------------------------------------
-    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+    # --- the dialect's wire -----------------------------------------------------------------------------------
+    def decode(self, raw: str | bytes) -> wire.ClientEvent:
+        return wire.decode_client_event(raw)
 
-    def emit(self, ev: wire.ServerEvent) -> None:
-        if self.state == "closed":
-            return
-        if isinstance(ev, wire.Error) and ev.error.code:
-            self.metrics.errors.labels(code=ev.error.code).inc()
-        self.transport.send(wire.encode(ev))
+    def encode(self, ev: wire.ServerEvent) -> bytes:
+        return wire.encode(ev)
+
+    def event_type(self, ev: wire.ServerEvent | wire.ClientEvent) -> str:
+        return wire.event_type(ev)
+
+    def error_event(
+        self,
+        code: str,
+        message: str,
+        *,
+        type: str = INVALID_REQUEST,
+        param: str | None = None,
+        client_event_id: str | None = None,
+    ) -> wire.ServerEvent:
+        return wire.error_event(code, message, type=type, param=param, client_event_id=client_event_id)
+
+    def error_code(self, ev: wire.ServerEvent) -> str | None:
+        return ev.error.code if isinstance(ev, wire.Error) else None
+
+    def client_event_id(self, cmd: wire.ClientEvent) -> str | None:
+        return cmd.event_id
+
+    @property
+    def metrics_label(self) -> str:
+        return "realtime"
 
     def error(self, code: str, message: str, *, cid: str | None = None, param: str | None = None) -> None:
         self.emit(wire.error_event(code, message, param=param, client_event_id=cid))
@@ -239,41 +155,7 @@ class RealtimeSession:
         return self.config.turn_detection is None
 
     # --- receive path -------------------------------------------------------------------------------------
-    async def handle_text(self, raw: str | bytes) -> None:
-        if self.state == "closed":
-            return
-        try:
-            ev = wire.decode_client_event(raw)
-        except wire.WireError as e:
-            self.emit(wire.error_from(e))
-            return
-        cid = ev.event_id
-        try:
-            await self._dispatch(ev)
-        except wire.WireError as e:
-            if e.type == wire.SERVER_ERROR and e.code in (
-                "session_limit_reached",
-                "engine_unavailable",
-                "engine_error",
-            ):
-                # The engine session could not open: the client retries on 1013 (LiveKit, the SDK).
-                self.emit(wire.error_from(e, cid))
-                await self.end(
-                    code=CLOSE_TRY_AGAIN if e.code != "engine_error" else CLOSE_INTERNAL, reason=e.code
-                )
-                return
-            self.emit(wire.error_from(e, cid))
-        except (EngineLostError, EngineRequestError, ControlError, TimeoutError) as e:
-            self.emit(
-                wire.error_event(
-                    "engine_error",
-                    f"the engine did not complete {wire.event_type(ev)}: {e}",
-                    type=wire.SERVER_ERROR,
-                    client_event_id=cid,
-                )
-            )
-
-    async def _dispatch(self, ev: wire.ClientEvent) -> None:
+    async def receive(self, ev: wire.ClientEvent) -> None:
         cid = ev.event_id
         match ev:
             case wire.InputAudioAppend():
@@ -283,7 +165,7 @@ class RealtimeSession:
             case wire.InputAudioCommit():
                 await self._on_commit(cid)
             case wire.InputAudioClear():
-                self._clear_buffer()
+                self._buffer.clear()
                 self.emit(wire.InputCleared())
             case wire.OutputAudioClear():
                 # WebRTC's "stop playing"; over the WebSocket it is a cancel of what is playing.
@@ -292,19 +174,19 @@ class RealtimeSession:
             case wire.ItemCreate():
                 await self._on_item_create(ev)
             case wire.ItemRetrieve():
-                rec = self._item(ev.item_id, "item_retrieve_invalid_item_id", "retrieve")
+                rec = self.items.get(ev.item_id, "item_retrieve_invalid_item_id", "retrieve")
                 self.emit(wire.ItemRetrieved(item=rec.item))
             case wire.ItemTruncate():
                 await self._on_truncate(ev)
             case wire.ItemDelete():
-                rec = self._item(ev.item_id, "item_delete_invalid_item_id", "delete")
+                rec = self.items.get(ev.item_id, "item_delete_invalid_item_id", "delete")
                 if rec.turn_id is not None and self.engine is not None:
                     # A deleted answer leaves the conversation (LiveKit deletes one that was cut before any of
                     # it played).
                     await asyncio.wait_for(
                         self.engine.truncate_reply(rec.turn_id, ""), ENGINE_REQUEST_TIMEOUT_S
                     )
-                self._item_chars -= self.items.pop(ev.item_id).chars
+                self.items.delete(ev.item_id)
                 self._untranscribed = [r for r in self._untranscribed if r.id != ev.item_id]
                 self.emit(wire.ItemDeleted(item_id=ev.item_id))
             case wire.ResponseCreate():
@@ -314,18 +196,10 @@ class RealtimeSession:
                 if r is None or (ev.response_id is not None and ev.response_id != r.id):
                     # Racing the server's own cancel after a barge-in is normal: a non-fatal error whose text
                     # LiveKit recognizes and ignores.
-                    raise wire.WireError(
+                    raise WireError(
                         "response_cancel_not_active", "Cancellation failed: no active response found"
                     )
                 await self._cancel(r, "client_cancelled")
-
-    def _item(self, item_id: str, code: str, what: str) -> ItemRecord:
-        rec = self.items.get(item_id)
-        if rec is None:
-            raise wire.WireError(
-                code, f"Error {what} item: the item with id '{item_id}' does not exist.", param="item_id"
-            )
-        return rec
 
     # --- session.update -----------------------------------------------------------------------------------
     async def _on_update(self, ev: wire.SessionUpdate) -> None:
@@ -360,7 +234,7 @@ class RealtimeSession:
         if manual:
             self._speaking = None
         else:
-            self._clear_buffer()
+            self._buffer.clear()
         self._route_track()
 
     def attach_peer(self, peer: WebRTCPeer) -> None:
@@ -373,28 +247,8 @@ class RealtimeSession:
             self._peer.input_sink = self._capture_track if self.manual else None
 
     def _capture_track(self, pcm: np.ndarray, rate: int) -> None:
-        """The track's audio while no commit has come (manual mode over WebRTC): kept, at most MAX_BUFFER_S."""
-        if rate != self._track_rate:  # the codec's rate does not change within a call; if it did, start over
-            self._clear_buffer()
-            self._track_rate = rate
-        self._track_audio.append(
-            pcm
-        )  # the peer's own array for this frame (decoded afresh), not a shared buffer
-        self._track_samples += pcm.shape[0]
-        cap = int(MAX_BUFFER_S * rate)
-        while self._track_samples - self._track_audio[0].shape[0] >= cap:
-            self._track_samples -= self._track_audio.popleft().shape[0]
-
-    def _clear_buffer(self) -> None:
-        self._buffer.clear()
-        self._track_audio.clear()
-        self._track_samples = 0
-
-    def _buffered_ms(self) -> float:
-        if self.on_track:
-            return self._track_samples / self._track_rate * 1000
-        fmt = self.config.input_format
-        return len(self._buffer) / fmt.bytes_per_sample / fmt.rate * 1000
+        """The track's audio while no commit has come (manual mode over WebRTC)."""
+        self._buffer.capture_track(pcm, rate)
 
     # --- the engine session -------------------------------------------------------------------------------
     async def ensure_engine(self) -> EngineSession:
@@ -402,31 +256,25 @@ class RealtimeSession:
         async with self._opening:
             if self.engine is not None:
                 return self.engine
-            if self.state == "closed":
-                raise wire.WireError("session_closed", "the session is closed", type=wire.SERVER_ERROR)
+            if self.state.ending:
+                raise WireError("session_closed", "the session is closed", type=wire.SERVER_ERROR)
             cfg = self.config
-            engine_cfg = p.SessionConfig(
-                instructions=cfg.instructions,
-                voice=cfg.voice_name,
-                turn_taking=cfg.turn_taking(),
-                temperature=cfg.temperature,
-                max_output_tokens=cfg.token_cap,
+            engine = await self.open_engine(
+                p.SessionConfig(
+                    instructions=cfg.instructions,
+                    voice=cfg.voice_name,
+                    turn_taking=cfg.turn_taking(),
+                    temperature=cfg.temperature,
+                    max_output_tokens=cfg.token_cap,
+                )
             )
-            engine = await open_engine_session(self.hub, engine_cfg, session_id=self.id)
-            self.engine = engine
+            assert self.bridge is not None
             self._opened_manual = cfg.turn_detection is None
-            self.bridge = SessionBridge(engine, self._on_engine_event)
             self.bridge.writer.set_format(cfg.input_format.encoding, cfg.input_format.rate)
-            self.state = "active"
-            self.hub.add(self)
-            self.metrics.sessions_total.labels(transport="realtime").inc()
-            self.metrics.active_sessions.labels(transport="realtime").inc()
-            self.bridge.start()
-            self.spawn(self._housekeeping())
+            self.activate()
             if not self.on_track:
-                self.hub.start_ticking(
-                    self
-                )  # over WebRTC the media track's pacer pulls the frames (on_frame)
+                # Over WebRTC the media track's pacer pulls the frames (on_frame).
+                self.hub.start_ticking(self)
             return engine
 
     def _open_output(self) -> None:
@@ -440,46 +288,34 @@ class RealtimeSession:
     # --- input audio --------------------------------------------------------------------------------------
     async def _on_append(self, ev: wire.InputAudioAppend) -> None:
         if self.on_track:
-            raise wire.WireError(
+            raise WireError(
                 "invalid_value",
                 "over WebRTC the caller's audio travels on the media track, not in input_audio_buffer.append",
                 param="type",
             )
         fmt = self.config.input_format
-        raw = live_wire.decode_audio(ev.audio, fmt)
+        raw = decode_audio(ev.audio, fmt)
         ms = len(raw) / fmt.bytes_per_sample / fmt.rate * 1000
-        if not self.manual:
-            # Audio the server consumes at real time (a manual buffer only fills until its commit).
-            verdict = self._budget.admit(ms / 1000, time.monotonic())
-            if verdict is InputVerdict.DROP_AND_WARN:
-                self.error("input_backpressure", self._budget.message())
-            elif verdict is InputVerdict.CLOSE:
-                self.emit(
-                    wire.error_event("input_backpressure", self._budget.message(), type=wire.SERVER_ERROR)
-                )
-                self.spawn(self.end(code=CLOSE_TRY_AGAIN, reason="input_backpressure"))
-            if verdict is not InputVerdict.ADMIT:
-                return
+        # Audio the server consumes at real time (a manual buffer only fills until its commit).
+        if not self.manual and not self.admit_input(ms / 1000):
+            return
         self._input_ms += ms
         self.metrics.audio_in_seconds.inc(ms / 1000)
         await self.ensure_engine()
         assert self.bridge is not None
         if self.manual:
-            self._buffer += raw
-            cap = int(MAX_BUFFER_S * fmt.rate) * fmt.bytes_per_sample
-            if len(self._buffer) > cap:
-                del self._buffer[: len(self._buffer) - cap]
+            self._buffer.append(raw, fmt)
             return
         self.bridge.writer.write(raw)
 
     async def _on_commit(self, cid: str | None) -> None:
         fmt = self.config.input_format
-        have_ms = self._buffered_ms()
+        have_ms = self._buffer.buffered_ms(on_track=self.on_track, fmt=fmt)
         if not self.manual:
             # Under server VAD the server commits at each endpoint; the buffer is what the VAD has not ended yet.
             have_ms = 0.0 if self._speaking is None else float(MIN_COMMIT_MS)
         if have_ms < MIN_COMMIT_MS:
-            raise wire.WireError(
+            raise WireError(
                 "input_audio_buffer_commit_empty",
                 f"Error committing input audio buffer: buffer too small. Expected at least {MIN_COMMIT_MS}ms of "
                 f"audio, but buffer only has {have_ms:.2f}ms of audio.",
@@ -487,28 +323,7 @@ class RealtimeSession:
         if not self.manual:
             return  # the VAD's endpoint commits the turn in progress
         assert self.bridge is not None
-        writer = self.bridge.writer
-        pieces: list[Callable[[], object]] = []  # 100 ms each, the committed audio then a silent tail
-        if self.on_track:
-            rate = self._track_rate
-            pcm = np.concatenate([*self._track_audio, np.zeros(rate * COMMIT_TAIL_MS // 1000, np.int16)])
-            span_ms = pcm.shape[0] / rate * 1000
-            step = rate // 10
-            pieces = [
-                functools.partial(writer.write_pcm16, pcm[i : i + step], rate)
-                for i in range(0, pcm.shape[0], step)
-            ]
-        else:
-            tail = bytes(int(fmt.rate * COMMIT_TAIL_MS / 1000) * fmt.bytes_per_sample)
-            if fmt.encoding == "pcmu":
-                tail = b"\xff" * len(tail)
-            elif fmt.encoding == "pcma":
-                tail = b"\xd5" * len(tail)
-            data = bytes(self._buffer) + tail
-            span_ms = len(data) / fmt.bytes_per_sample / fmt.rate * 1000
-            step = int(fmt.rate * 0.1) * fmt.bytes_per_sample
-            pieces = [functools.partial(writer.write, data[i : i + step]) for i in range(0, len(data), step)]
-        self._clear_buffer()
+        pieces, span_ms = self._buffer.commit(self.bridge.writer, on_track=self.on_track, fmt=fmt)
         rec = self._add_item(
             wire.message_item(
                 wire.new_id("item"), "user", [wire.ContentPart(type="input_audio", transcript=None)]
@@ -521,13 +336,13 @@ class RealtimeSession:
         self._transcribed.clear()
         self.spawn(self._feed(pieces, rec))
 
-    async def _feed(self, pieces: list[Callable[[], object]], rec: ItemRecord) -> None:
+    async def _feed(self, pieces: list[Write], rec: ItemRecord) -> None:
         """Manual mode: the committed audio (100 ms ``pieces`` that write it) into the engine, at a few times real
         time, in order behind earlier commits. A turn the ASR heard nothing in is given up after a while."""
         assert self.bridge is not None
         async with self._feeding:
             for write in pieces:
-                if self.state == "closed":
+                if self.state.ending:
                     return
                 write()
                 await asyncio.sleep(0.1 / COMMIT_FEED_SPEED)
@@ -545,46 +360,33 @@ class RealtimeSession:
         if first:
             prev = None
         else:
-            prev = previous if previous is not None else (next(reversed(self.items)) if self.items else None)
-        self._remember(rec)
+            prev = previous if previous is not None else self.items.last_id()
+        self.items.remember(rec)
         if committed:
             self.emit(wire.InputCommitted(item_id=rec.id, previous_item_id=prev))
         self.emit(wire.ItemAdded(item=item, previous_item_id=prev))
         self.emit(wire.ItemDone(item=item, previous_item_id=prev))
         return rec
 
-    def _remember(self, rec: ItemRecord) -> None:
-        """Put ``rec`` in the table, then keep the table within MAX_ITEMS and MAX_ITEM_CHARS by forgetting the
-        oldest items (never ``rec`` itself)."""
-        it = rec.item
-        rec.chars = len(it.arguments or "") + len(it.output or "")
-        rec.chars += sum(len(c.text or "") + len(c.transcript or "") for c in it.content or [])
-        self.items[rec.id] = rec
-        self._item_chars += rec.chars
-        while len(self.items) > MAX_ITEMS or (self._item_chars > MAX_ITEM_CHARS and len(self.items) > 1):
-            oldest = next(k for k in self.items if k != rec.id)
-            self._item_chars -= self.items.pop(oldest).chars
-            self.items_forgotten += 1
-
     async def _on_item_create(self, ev: wire.ItemCreate) -> None:
         it = ev.item
         item_id = it.id or wire.new_id("item")
         if item_id in self.items:
-            raise wire.WireError(
+            raise WireError(
                 "item_create_duplicate_item_id",
                 f"an item with id '{item_id}' already exists",
                 param="item.id",
             )
         prev = ev.previous_item_id
         if prev not in (None, "root") and prev not in self.items:
-            raise wire.WireError(
+            raise WireError(
                 "item_create_invalid_previous_item_id",
                 f"previous_item_id '{prev}' does not exist",
                 param="previous_item_id",
             )
-        kind, text = _engine_text(it)
+        kind, text = engine_text(it)
         if it.type in (None, "message") and it.role not in ("user", "assistant", "system"):
-            raise wire.WireError("invalid_value", "role is user, assistant or system", param="item.role")
+            raise WireError("invalid_value", "role is user, assistant or system", param="item.role")
         engine = await self.ensure_engine()
         if text:
             await asyncio.wait_for(engine.append_text(kind, text), ENGINE_REQUEST_TIMEOUT_S)
@@ -594,7 +396,7 @@ class RealtimeSession:
             object="realtime.item",
             status="completed",
             role=it.role,
-            content=[_stored_part(c) for c in it.content] if it.content is not None else None,
+            content=[stored_part(c) for c in it.content] if it.content is not None else None,
             call_id=it.call_id,
             name=it.name,
             arguments=it.arguments,
@@ -605,13 +407,13 @@ class RealtimeSession:
         rec = self._add_item(stored, previous=None if prev == "root" else prev, first=prev == "root")
         if prev == "root":
             # Kept first in the table (the engine's context order is the order the text arrived in).
-            self.items = {rec.id: rec, **{k: v for k, v in self.items.items() if k != rec.id}}
+            self.items.move_first(rec)
 
     async def _on_truncate(self, ev: wire.ItemTruncate) -> None:
-        rec = self._item(ev.item_id, "item_truncate_invalid_item_id", "truncate")
+        rec = self.items.get(ev.item_id, "item_truncate_invalid_item_id", "truncate")
         parts = rec.item.content or []
         if rec.item.role != "assistant" or not parts or parts[0].type != "output_audio":
-            raise wire.WireError(
+            raise WireError(
                 "unsupported_content_type",
                 "Only model output audio messages can be truncated",
                 param="item_id",
@@ -633,7 +435,7 @@ class RealtimeSession:
         if params.max_output_tokens is not None:
             check_max_output_tokens(params.max_output_tokens, "response.max_output_tokens")
         if self.active is not None:
-            raise wire.WireError(
+            raise WireError(
                 "conversation_already_has_active_response",
                 f"Conversation already has an active response in progress: {self.active.id}. "
                 "Wait until the response is finished before creating a new one.",
@@ -647,7 +449,7 @@ class RealtimeSession:
             # LiveKit sends the session instructions + "\n" + the extra ones: only the extra ones are new.
             extra = extra[len(base) :].strip()
         for it in params.input or []:
-            kind, text = _engine_text(it)
+            kind, text = engine_text(it)
             if text:
                 await asyncio.wait_for(engine.append_text(kind, text), ENGINE_REQUEST_TIMEOUT_S)
         # The extra instructions hold for this response only: the engine removes them when the reply ends.
@@ -678,7 +480,7 @@ class RealtimeSession:
                 await asyncio.wait_for(self._transcribed.wait(), max(0.01, deadline - time.monotonic()))
             except TimeoutError:
                 break
-        if not r.finished and self.state == "active":
+        if not r.finished and self.state is SessionState.ACTIVE:
             await asyncio.wait_for(
                 engine.append_text("respond", extra, max_output_tokens=cap), ENGINE_REQUEST_TIMEOUT_S
             )
@@ -694,53 +496,17 @@ class RealtimeSession:
             out_of_band=params.conversation == "none",
         )
         self._idle_deadline = None
-        self.responses[r.id] = r
-        while len(self.responses) > 64:
-            self.responses.pop(next(iter(self.responses)))
+        self.responses.add(r)
         self.active = r
         return r
 
     def _response_wire(self, r: ResponseRecord, status: str, reason: str | None = None) -> wire.Response:
-        details = None
-        if status == "failed":
-            details = wire.StatusDetails(
-                type=status,
-                error=wire.StatusError(
-                    type=wire.SERVER_ERROR,
-                    code="response_not_started",
-                    message=f"the engine did not start the reply within {RESPONSE_START_TIMEOUT_S:g} s",
-                ),
-            )
-        elif status != "in_progress":
-            details = wire.StatusDetails(type=status, reason=reason)
-        usage = None
-        if status != "in_progress":
-            if r.tokens is not None:
-                inp, cached, out = r.tokens
-            else:
-                # Cut before the engine reported its counts (a cancel answers at once): the context size it
-                # last reported, and the words that were said.
-                said = r.text if not r.audio else " ".join(w for w, _ in (r.item.words if r.item else []))
-                inp, cached, out = self._context_tokens, 0, len(said.split())
-            usage = wire.ResponseUsage(
-                total_tokens=inp + out,
-                input_tokens=inp,
-                output_tokens=out,
-                input_token_details=wire.InputTokenDetails(text_tokens=inp, cached_tokens=cached),
-                output_token_details=wire.OutputTokenDetails(
-                    text_tokens=out if not r.audio else 0, audio_tokens=out if r.audio else 0
-                ),
-            )
-        return wire.Response(
-            id=r.id,
-            status=status,
-            status_details=details,
-            output=[r.item.item] if r.item is not None else [],
-            conversation_id=None if r.out_of_band else "conv_" + self.id[5:],
-            output_modalities=r.modalities,
-            max_output_tokens=r.max_output_tokens,  # type: ignore[arg-type]
-            metadata=r.metadata,
-            usage=usage,
+        return response_wire(
+            r,
+            status,
+            reason,
+            context_tokens=self.context[0] if self.context is not None else 0,
+            conversation_id="conv_" + self.id[5:],
         )
 
     def _bind(self, r: ResponseRecord, epoch: int, turn_id: int) -> None:
@@ -757,13 +523,13 @@ class RealtimeSession:
             ],
             status="in_progress",
         )
-        prev = next(reversed(self.items)) if self.items else None
+        prev = self.items.last_id()
         rec = ItemRecord(item=item, turn_id=turn_id)
         r.item = rec
-        self.emit(wire.OutputItemAdded(response_id=r.id, item=_snapshot(item, content=[])))
+        self.emit(wire.OutputItemAdded(response_id=r.id, item=snapshot(item, content=[])))
         if not r.out_of_band:
-            self._remember(rec)
-            self.emit(wire.ItemAdded(item=_snapshot(item, content=[]), previous_item_id=prev))
+            self.items.remember(rec)
+            self.emit(wire.ItemAdded(item=snapshot(item, content=[]), previous_item_id=prev))
         part = wire.Part(type="audio", transcript="") if r.audio else wire.Part(type="text", text="")
         self.emit(wire.ContentPartAdded(response_id=r.id, item_id=rec.id, part=part))
 
@@ -824,13 +590,13 @@ class RealtimeSession:
     # --- output: one 20 ms frame per tick of the hub's clock ----------------------------------------------
     def tick(self) -> None:
         player = self.player
-        if player is None or self.state != "active":
+        if player is None or self.state is not SessionState.ACTIVE:
             return
         self.on_frame(player.next_frame())
 
     def on_frame(self, frame: OutputFrame) -> None:
         """One 20 ms output frame left the player: from the hub's clock (WebSocket) or the media track (WebRTC)."""
-        if self.state != "active":
+        if self.state is not SessionState.ACTIVE:
             return
         if self._idle_deadline is not None and time.monotonic() >= self._idle_deadline:
             self._idle_deadline = None
@@ -918,19 +684,8 @@ class RealtimeSession:
         r.audio_frames = 0
 
     # --- engine events ------------------------------------------------------------------------------------
-    def _on_engine_event(self, ev: p.SessionEvent) -> None:
-        if self.state == "closed":
-            return
+    def on_engine_event(self, ev: p.SessionEvent) -> None:
         match ev:
-            case p.SessionClosed():
-                if ev.reason == "engine_lost":
-                    code, message = (
-                        "engine_lost",
-                        "the engine stopped; this session cannot continue (a new one can start)",
-                    )
-                else:
-                    code, message = "session_ended", f"the engine ended the session ({ev.reason})"
-                self.spawn(self.abort(code, message, close_code=CLOSE_INTERNAL))
             case p.SpeechStarted():
                 if not self.manual:
                     rec = ItemRecord(
@@ -953,7 +708,6 @@ class RealtimeSession:
                     added.start_ms = turn.start_ms
                     self._untranscribed.append(added)
             case p.BargeIn():
-                self.metrics.barge_ins.inc()
                 r = self.active
                 if r is not None and r.reply is not None and r.cancel_reason is None:
                     r.cancel_reason = "turn_detected"
@@ -972,10 +726,6 @@ class RealtimeSession:
                 self._bind(r, ev.epoch, ev.turn_id)
             case p.ReplyDone():
                 self._on_reply_done(ev)
-            case p.Usage():
-                self._context_tokens = ev.context_tokens
-            case p.SessionError(fatal=False):
-                self.emit(wire.error_event(ev.code, ev.message, type=wire.SERVER_ERROR))
 
     def _on_transcript(self, ev: p.InputTranscript) -> None:
         pending = self._untranscribed
@@ -1013,24 +763,16 @@ class RealtimeSession:
         self._transcribed.set()
 
     def _on_reply_done(self, ev: p.ReplyDone) -> None:
-        oob = next(
-            (
-                x
-                for x in reversed(self.responses.values())
-                if x.reply == (ev.epoch, ev.turn_id) and x.out_of_band
-            ),
-            None,
-        )
+        oob = self.responses.of_reply(ev.epoch, ev.turn_id, out_of_band=True)
         if oob is not None and self.engine is not None:
             # Out of band: the answer leaves the engine's conversation once it is over.
             self.spawn(self.engine.truncate_reply(ev.turn_id, ""))
         r = self._response_of(ev.epoch, ev.turn_id)
         if r is None:
             # A reply the client already cancelled: its item keeps only what the engine kept.
-            for old in reversed(self.responses.values()):
-                if old.reply == (ev.epoch, ev.turn_id) and old.item is not None:
-                    _set_text(old, ev.text)
-                    break
+            old = self.responses.of_reply(ev.epoch, ev.turn_id)
+            if old is not None:
+                keep_engine_text(old, ev.text)
             else:
                 if ev.interrupted and self.active is not None and self.active.reply is None:
                     # Cut before it was announced (a cancel that raced the reply's start).
@@ -1041,104 +783,22 @@ class RealtimeSession:
         if ev.interrupted:
             self._flush_audio(r)
             self._finish(r, "cancelled", r.cancel_reason or "turn_detected")
-            _set_text(r, ev.text)
+            keep_engine_text(r, ev.text)
         else:
             r.generated = True
             if r.text == "" and not r.audio:
                 r.text = ev.text
 
     # --- housekeeping and the end -------------------------------------------------------------------------
-    async def _housekeeping(self) -> None:
-        deadline = self.started_at + self.settings.limits.session_lifetime_s
-        while self.state == "active":
-            r = self.active
-            if (
-                r is not None
-                and r.reply is None
-                and time.monotonic() - r.created_at > RESPONSE_START_TIMEOUT_S
-            ):
-                # Never left without a response.done: the client could create no other response.
-                self._finish(r, "failed")
-            if time.monotonic() >= deadline:
-                self.emit(
-                    wire.error_event(
-                        "session_expired", "the session reached its lifetime", type=wire.SERVER_ERROR
-                    )
-                )
-                await self.end(code=CLOSE_NORMAL, reason="session_expired")
-                return
-            await asyncio.sleep(min(1.0, max(0.01, deadline - time.monotonic())))
+    def on_housekeeping(self, now: float) -> None:
+        r = self.active
+        if r is not None and r.never_started:
+            # Never left without a response.done: the client could create no other response.
+            self._finish(r, "failed")
 
-    async def abort(self, code: str, message: str, *, close_code: int) -> None:
-        self.emit(wire.error_event(code, message, type=wire.SERVER_ERROR))
-        await self.end(code=close_code, reason=code)
-
-    async def end(self, *, code: int, reason: str = "") -> None:
-        """End the session once: the socket closes with ``code``, then the engine session."""
-        if self._closing:
-            return
-        self._closing = True
-        was_active = self.state == "active"
+    def farewell(self, *, was_active: bool, error: wire.ServerEvent | None) -> None:
+        """The ``error`` if any, then the response in progress ends ``cancelled``."""
+        if error is not None:
+            self.emit(error)
         if self.active is not None and not self.active.finished:
             self._finish(self.active, "cancelled", "client_cancelled")
-        await self.transport.close(code, reason)
-        self.state = "closed"
-        self.hub.discard(self)
-        current = asyncio.current_task()
-        for t in list(self._tasks):
-            if t is not current:
-                t.cancel()
-        if was_active:
-            self.metrics.active_sessions.labels(transport="realtime").dec()
-        if self.bridge is not None:
-            await self.bridge.close("client")
-        elif self.engine is not None:
-            await self.engine.close("client")
-        log.info("realtime session %s ended (close %d %s)", self.id, code, reason)
-
-    async def transport_closed(self) -> None:
-        """The client went away: release everything."""
-        await self.end(code=CLOSE_NORMAL)
-
-
-def _engine_text(it: wire.Item) -> tuple[p.AppendKind, str]:
-    """What an item puts into the engine's conversation: the append kind and its text."""
-    if it.type == "function_call_output":
-        return "thinking", f"Tool call {it.call_id} returned: {it.output or ''}"
-    if it.type == "function_call":
-        return "thinking", f"Called tool {it.name} with {it.arguments or ''}"
-    texts = [c.text or c.transcript or "" for c in it.content or [] if c.type != "input_image"]
-    text = " ".join(t for t in texts if t).strip()
-    if it.role == "assistant":
-        return "assistant", text
-    if it.role == "system":
-        return "thinking", text
-    return "user", text
-
-
-def _stored_part(c: wire.ContentPart) -> wire.ContentPart:
-    """A content part as the table keeps it: no audio or image bytes (``retrieve`` returns transcripts only)."""
-    ctype = c.type or "input_text"
-    if ctype == "text":
-        ctype = "output_text"
-    return wire.ContentPart(type=ctype, text=c.text, transcript=c.transcript)
-
-
-def _snapshot(item: wire.Item, *, content: list[wire.ContentPart]) -> wire.Item:
-    return wire.Item(
-        id=item.id, type=item.type, object=item.object, status=item.status, role=item.role, content=content
-    )
-
-
-def _set_text(r: ResponseRecord, text: str) -> None:
-    """The engine's kept text of a cut reply: the item holds no more than that."""
-    rec = r.item
-    if rec is None or not rec.item.content:
-        return
-    part = rec.item.content[0]
-    heard = " ".join(w for w, _ in rec.words)
-    kept = text.strip() if len(text.strip()) < len(heard) else heard
-    if r.audio:
-        part.transcript = kept
-    else:
-        part.text = kept

@@ -38,18 +38,19 @@ from starlette.types import Message
 from livekit_omni.auth import EPHEMERAL_KEY_PREFIX as EPHEMERAL_PREFIX
 from livekit_omni.auth import bearer_token, key_is_valid
 from livekit_omni.drain import DRAINING_CODE, DRAINING_MESSAGE, Drain
-from livekit_omni.live.session import CLOSE_TRY_AGAIN, hub_of
-from livekit_omni.live.webrtc import (
+from livekit_omni.realtime import wire
+from livekit_omni.realtime.calls import CallTransport
+from livekit_omni.realtime.client_secrets import error_response, keys_of
+from livekit_omni.realtime.session import RealtimeSession
+from livekit_omni.sessions.hub import hub_of
+from livekit_omni.sessions.transport import CLOSE_TRY_AGAIN
+from livekit_omni.sessions.webrtc import (
     BODY_SLACK_BYTES,
     DataChannelTransport,
     answer_with_settings,
     connect_deadline,
     read_body,
 )
-from livekit_omni.realtime import wire
-from livekit_omni.realtime.calls import CallTransport
-from livekit_omni.realtime.client_secrets import error_response, keys_of
-from livekit_omni.realtime.session import RealtimeSession
 from media.webrtc import SdpError, check_offer
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ the client offers the ``realtime`` subprotocol the server selects it, or a brows
 ``?model=`` (every client sends it) names the session's model; ``?call_id=`` makes the socket a sideband to that
 WebRTC call (:mod:`livekit_omni.realtime.calls`); other query parameters are ignored.
 
-The outbound queue, writer task and close handling are the Live socket's :class:`WebSocketTransport`.
+The outbound queue, writer task and close handling are the session core's :class:`WebSocketTransport`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import Final
 from starlette.websockets import WebSocket
 
 from livekit_omni.auth import bearer_token, key_is_valid
-from livekit_omni.live.session import CLOSE_POLICY, CLOSE_TRY_AGAIN, hub_of
-from livekit_omni.live.websocket import WebSocketTransport, receive_messages
-from livekit_omni.realtime import wire
 from livekit_omni.realtime.calls import run_sideband
 from livekit_omni.realtime.session import RealtimeSession
+from livekit_omni.sessions.errors import invalid_api_key
+from livekit_omni.sessions.hub import hub_of
+from livekit_omni.sessions.transport import CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_AGAIN
+from livekit_omni.sessions.websocket import WebSocketTransport, receive_messages
 
 SUBPROTOCOL: Final = "realtime"
 KEY_SUBPROTOCOL_PREFIX: Final = "openai-insecure-api-key."
@@ -52,13 +53,7 @@ async def realtime_websocket(ws: WebSocket) -> None:
     sideband = False
     try:
         if not key_is_valid(hub.settings, _api_key(ws, offered)):
-            hub.metrics.rejected_sessions.labels(reason="invalid_api_key").inc()
-            session.emit(
-                wire.error_event(
-                    "invalid_api_key", "missing or invalid API key (send Authorization: Bearer <key>)"
-                )
-            )
-            await session.end(code=CLOSE_POLICY, reason="invalid_api_key")
+            await session.refuse(invalid_api_key(), close_code=CLOSE_POLICY)
             return
         call_id = ws.query_params.get("call_id")
         if call_id is not None:
@@ -72,10 +67,10 @@ async def realtime_websocket(ws: WebSocket) -> None:
             transport,
             session.handle_text,
             limit=limit,
-            too_large=lambda m: session.error("message_too_large", m),
+            on_too_large=lambda m: session.error("message_too_large", m),
         )
     finally:
         hub.losses["events_unread"] += transport.unread
         if not sideband:
-            await session.end(code=CLOSE_TRY_AGAIN if transport.aborted else 1000)
+            await session.end(code=CLOSE_TRY_AGAIN if transport.aborted else CLOSE_NORMAL)
             await transport.wait_closed()

@@ -21,9 +21,9 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from livekit_omni.live.wire import INVALID_REQUEST, SERVER_ERROR, WireError
-
-__all__ = ["INVALID_REQUEST", "SERVER_ERROR", "WireError"]
+from livekit_omni.sessions.errors import INVALID_REQUEST as INVALID_REQUEST
+from livekit_omni.sessions.errors import SERVER_ERROR as SERVER_ERROR
+from livekit_omni.sessions.errors import WireError as WireError
 
 UNSET: Final = msgspec.UNSET
 Unset = msgspec.UnsetType

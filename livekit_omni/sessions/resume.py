@@ -1,4 +1,4 @@
-"""Session resume: what keeps a Live session alive between a dropped connection and the client's return.
+"""Session resume: what keeps a session alive between a dropped connection and the client's return.
 
 A session whose transport drops without ``session.close`` is *detached*: its engine session (KV, conversation,
 timeline) keeps running, and what it would have sent goes into a :class:`DetachedTransport`, a bounded buffer.
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Final, Generic, TypeVar
 
 from livekit_omni import worker_ids
-from livekit_omni.live import wire
+from livekit_omni.sessions.errors import WireError
 
 #: Spent tokens remembered, so that a second use is told apart from a wrong token (oldest forgotten first).
 SPENT_TOKENS_KEPT: Final = 10_000
@@ -48,19 +48,19 @@ class ResumeTokens(Generic[S]):
         return self._live.get(token)
 
     def take(self, token: str) -> S:
-        """The session of ``token``, which is spent by this call. Raises :class:`wire.WireError`:
+        """The session of ``token``, which is spent by this call. Raises :class:`WireError`:
         ``resume_token_used`` for a token already taken, ``resume_token_invalid`` for one never issued or whose
         session has ended (its grace ran out, it overflowed, it was closed)."""
         session = self._live.pop(token, None)
         if session is None:
             if token in self._spent:
-                raise wire.WireError(
+                raise WireError(
                     TOKEN_USED,
                     "this resume token was already used; a token resumes a session once "
                     "(the session.started of that resume carried the next one)",
                     param="resume_token",
                 )
-            raise wire.WireError(
+            raise WireError(
                 TOKEN_INVALID,
                 "no session to resume with this token (unknown, or the session has ended); "
                 "send session.start for a new session",
