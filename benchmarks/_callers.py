@@ -30,7 +30,7 @@ import numpy.typing as npt
 from _common import ROOT  # noqa: F401  (puts the repository root on sys.path)
 
 from livekit_omni.live import wire
-from livekit_omni.testing.live_client import LiveClient
+from testkit.live_client import LiveClient
 from tests.conftest import ServerProcess
 from tests.speech_fixtures import AUDIBLE_DBFS, loud_windows, speech_bounds_ms, synthesize_speech
 
@@ -295,8 +295,8 @@ async def ws_leg(server: ServerProcess) -> CallerLeg:
 async def webrtc_leg(server: ServerProcess, *, keep_levels: bool = False) -> CallerLeg:
     import aiohttp
 
-    from livekit_omni.testing.webrtc_caller import WebRTCCaller
     from media.webrtc import enable_loopback_ice
+    from testkit.webrtc_caller import WebRTCCaller
 
     enable_loopback_ice()  # the server runs with webrtc.loopback_only; this side gathers 127.0.0.1 too
     heard = HeardAudio(WEBRTC_RATE, keep_levels=keep_levels)

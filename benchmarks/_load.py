@@ -26,7 +26,7 @@ from _common import ROOT  # noqa: F401  (puts the repository root on sys.path)
 from prometheus_client.parser import text_string_to_metric_families
 
 from livekit_omni.live import wire
-from livekit_omni.testing.live_client import LiveClient
+from testkit.live_client import LiveClient
 
 RATE = 24_000
 #: An answer is over once this much received output has been quiet after its last audible window.

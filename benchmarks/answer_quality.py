@@ -47,7 +47,7 @@ from _callers import LiveOutput, Microphone
 from _common import finish, pct
 
 from livekit_omni.live import wire
-from livekit_omni.testing.live_client import LiveClient
+from testkit.live_client import LiveClient
 from tests.conftest import ServerProcess, start_server
 
 RATE = 24_000

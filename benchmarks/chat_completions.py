@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._callers import LiveOutput, Microphone, hear_answer
 from benchmarks._common import finish, pct
 from livekit_omni.live import wire
-from livekit_omni.testing.live_client import LiveClient
+from testkit.live_client import LiveClient
 from tests.conftest import ServerProcess, start_server
 
 API_KEY = "sk-bench"

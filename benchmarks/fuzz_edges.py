@@ -3,7 +3,7 @@
     python benchmarks/fuzz_edges.py                       # 10,000 inputs per edge, seed 0
     python benchmarks/fuzz_edges.py --seed 7 --inputs 500 --edges live_json,control
 
-Edges, generators and the judge live in :mod:`livekit_omni.testing.fuzz` (tests/test_fuzz_edges.py runs the same
+Edges, generators and the judge live in :mod:`testkit.fuzz` (tests/test_fuzz_edges.py runs the same
 code with fewer inputs). A run is reproducible from its seed: each edge draws from its own stream. Prints a table per
 edge (outcomes per mutation, the first bad outcomes with what was sent), then one JSON line: ``inputs``,
 ``engine_deaths``, ``unexpected_closes``, ``bad_outcomes`` and ``rss_growth_mb`` in total and per edge. Targets:
@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import finish
-from livekit_omni.testing.fuzz import EDGES, FuzzTarget, fuzz_edge
+from testkit.fuzz import EDGES, FuzzTarget, fuzz_edge
 from tests.conftest import start_server
 
 #: The server under test. The fuzzer answers no offer it posts, so each answered offer holds an engine slot until

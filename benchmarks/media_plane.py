@@ -79,12 +79,12 @@ from engine_bridge import protocol as p
 from engine_bridge.client import EngineClient, EngineSession
 from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE
 from engine_bridge.ring import RingPair
-from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from livekit_omni.worker_ids import owner_of
 from media.codecs import OpusDecoder, OpusEncoder
 from media.egress import EgressPlayer
 from media.ingress import IngressWriter, frame_to_mono_pcm16
 from media.webrtc import WebRTCPeer, answer_offer, enable_loopback_ice
+from testkit.webrtc_caller import WebRTCCaller
 from tests.speech_fixtures import voice_like
 
 STEPS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]

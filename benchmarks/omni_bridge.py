@@ -2,7 +2,7 @@
 
 Setup: a real engine process running the ``omni_bridge`` adapter with an 80 ms-unit preset (PCM16 16 kHz up,
 PCM16 24 kHz down: Nemotron/PersonaPlex-sized units, MiniCPM-o's format), bridged to the stand-in sidecar
-(``livekit_omni/testing/omni_standin.py``) in ``--echo`` mode: every append comes straight back as output audio,
+(``testkit/omni_standin.py``) in ``--echo`` mode: every append comes straight back as output audio,
 so the round trip is the bridge's own work (base64 + JSON both ways, the WebSocket on loopback, the stand-in's
 decode/encode, the engine's audio thread and the bridge's loop thread), with no model in it.
 
@@ -66,7 +66,7 @@ def start_standin(port: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as f:
         proc = subprocess.Popen(
             [
-                *(sys.executable, "-m", "livekit_omni.testing.omni_standin"),
+                *(sys.executable, "-m", "testkit.omni_standin"),
                 *("--port", str(port), "--echo", "true", "--max-sessions", "64"),
             ],
             cwd=ROOT,

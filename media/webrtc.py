@@ -27,7 +27,7 @@ Loopback use (tests, benchmarks, a browser on the same machine): aioice never ga
 candidate that is not UDP on 127.0.0.1 (mDNS ``.local`` candidates are always stripped: aioice would resolve them
 by multicast). See docs/development.md, Loopback WebRTC.
 
-The client side of the same call, for tests and benchmarks, is :class:`livekit_omni.testing.webrtc_caller.WebRTCCaller`.
+The client side of the same call, for tests and benchmarks, is :class:`testkit.webrtc_caller.WebRTCCaller`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Drive the omni stand-in sidecar with vLLM-Omni 0.30's own client, and compare its events with the wheel's classes.
 
 Not a test of the suite (it needs the vllm-omni wheel, which cannot share this project's environment): the check
-behind ``livekit_omni/testing/omni_standin.py``, run by hand (docs/omni-models.md, "The stand-in")::
+behind ``testkit/omni_standin.py``, run by hand (docs/omni-models.md, "The stand-in")::
 
     python -m venv /tmp/omni-venv
     /tmp/omni-venv/bin/pip install --no-deps vllm-omni==0.30.0 && /tmp/omni-venv/bin/pip install websockets pybase64 numpy
-    python -m livekit_omni.testing.omni_standin --port 18091 --max-sessions 1 &   # this project's environment
+    python -m testkit.omni_standin --port 18091 --max-sessions 1 &   # this project's environment
     /tmp/omni-venv/bin/python tests/omni_wheel_check.py 18091
 
 ``vllm_omni/__init__.py`` imports torch and vllm, so the package is registered without running it; the client

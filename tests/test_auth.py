@@ -24,8 +24,8 @@ import pytest
 import websockets
 
 from engine_bridge.ring import SHM_DIR, RingPair
-from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from media.webrtc import enable_loopback_ice
+from testkit.webrtc_caller import WebRTCCaller
 from tests.conftest import ServerProcess, start_server
 
 API_KEY = "sk-auth-test"

@@ -28,7 +28,7 @@ from engine_bridge import protocol as p
 from engine_bridge.adapters.cascade.text import StopMatcher, TextCompletions
 from engine_bridge.text import TextRefused, TextRequest
 from livekit_omni.live import wire
-from livekit_omni.testing.live_client import LiveClient
+from testkit.live_client import LiveClient
 from tests.conftest import ServerProcess, start_server
 from tests.speech_fixtures import synthesize_speech
 

@@ -16,8 +16,8 @@ import numpy as np
 
 from livekit_omni.drain import Drain, DrainStatus
 from livekit_omni.live import wire
-from livekit_omni.testing.live_client import LiveClient
-from livekit_omni.testing.webrtc_caller import WebRTCCaller
+from testkit.live_client import LiveClient
+from testkit.webrtc_caller import WebRTCCaller
 from tests.conftest import start_server
 
 #: Long enough for the checks made during the drain (a WebRTC offer, 0.4 s of audio at real time, a mute) on a

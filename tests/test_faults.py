@@ -28,9 +28,9 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from engine_bridge.ring import SEGMENT_PREFIX, SHM_DIR
 from livekit_omni.live import wire
-from livekit_omni.testing.live_client import LiveClient
-from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from media.webrtc import enable_loopback_ice
+from testkit.live_client import LiveClient
+from testkit.webrtc_caller import WebRTCCaller
 from tests.browser import launch_chromium, page_call, wait_until
 from tests.conftest import ServerProcess, start_server
 from tests.speech_fixtures import write_wav

@@ -1,5 +1,5 @@
 """Fuzzing at every edge, a few hundred inputs each, through the same generators, runners and judge as
-``benchmarks/fuzz_edges.py`` (:mod:`livekit_omni.testing.fuzz`), against a real ``livekit-omni serve`` whose
+``benchmarks/fuzz_edges.py`` (:mod:`testkit.fuzz`), against a real ``livekit-omni serve`` whose
 engine runs the loopback echo *test fixture* (no models). Plus the judge's self-test, and regression tests for the
 bugs the fuzzer found (each also has a unit test next to the code it fixed).
 """
@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 
 from livekit_omni.live import wire
-from livekit_omni.testing import fuzz
-from livekit_omni.testing.fuzz import EdgeReport, FuzzInput, FuzzTarget, LiveObservation, Outcome
+from testkit import fuzz
+from testkit.fuzz import EdgeReport, FuzzInput, FuzzTarget, LiveObservation, Outcome
 from tests.conftest import ServerProcess, start_server
 
 SEED = 20

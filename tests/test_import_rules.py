@@ -14,12 +14,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The product: what users install (agents/ runs from a checkout but is product code all the same).
+PRODUCT_PACKAGES = ("engine_bridge", "media", "livekit_omni", "agents")
+#: The test helpers (clients, WebRTC caller, fuzzer, omni stand-in): tests and benchmarks import them, the product
+#: never does, and the wheel leaves them out (tests/test_wheel_contents.py).
+TEST_HELPERS = "testkit"
 #: The project's own packages, whose import graph must have no cycles.
-OWN_PACKAGES = ("engine_bridge", "media", "livekit_omni", "agents")
+OWN_PACKAGES = (*PRODUCT_PACKAGES, TEST_HELPERS)
 
 # package -> top-level modules it must never pull in (directly or transitively)
 FORBIDDEN: dict[str, list[str]] = {
-    "engine_bridge": ["media", "livekit_omni", "livekit", "aiortc", "agents"],
+    "engine_bridge": ["media", "livekit_omni", "livekit", "aiortc", "agents", TEST_HELPERS],
     # The media plane uses the engine's ring/control primitives only, never its models.
     "media": [
         "livekit_omni",
@@ -30,8 +35,17 @@ FORBIDDEN: dict[str, list[str]] = {
         "faster_whisper",
         "piper",
         "ctranslate2",
+        TEST_HELPERS,
     ],
-    "livekit_omni": ["agents", "torch", "transformers", "faster_whisper", "piper", "ctranslate2"],
+    "livekit_omni": [
+        "agents",
+        "torch",
+        "transformers",
+        "faster_whisper",
+        "piper",
+        "ctranslate2",
+        TEST_HELPERS,
+    ],
 }
 
 # Model code must not be reachable from the client-side primitives that media and livekit_omni import.
@@ -290,15 +304,21 @@ def test_cycle_detector_finds_a_planted_cycle(tmp_path: Path) -> None:
     assert describe_cycles(graph, cycles) == "import cycle: pkg.a (line 5) -> pkg.b | pkg.b (line 1) -> pkg.a"
 
 
+def _in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def test_product_code_never_imports_the_testing_helpers() -> None:
-    """livekit_omni.testing (the Live test client, the WebRTC test caller) is for tests and benchmarks only."""
+    """testkit (the Live test client, the WebRTC test caller, the fuzzer, the omni stand-in) is for tests and
+    benchmarks only: no module of engine_bridge, media, livekit_omni or agents imports it, at any depth (the
+    statically read graph, function-level imports included)."""
     graph = import_graph(ROOT, OWN_PACKAGES)
     bad = sorted(
         f"{mod} (line {line}) -> {dep}"
         for mod, deps in graph.items()
-        if not mod.startswith("livekit_omni.testing")
+        if any(_in_package(mod, package) for package in PRODUCT_PACKAGES)
         for dep, line in deps.items()
-        if dep.startswith("livekit_omni.testing")
+        if _in_package(dep, TEST_HELPERS)
     )
     assert not bad, "product modules import the test helpers: " + "; ".join(bad)
-    assert any(m.startswith("livekit_omni.testing") for m in graph), "the testing package was not scanned"
+    assert any(_in_package(m, TEST_HELPERS) for m in graph), "the testkit package was not scanned"

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from livekit_omni.live import wire
-from livekit_omni.testing.live_client import LiveClient
-from livekit_omni.testing.webrtc_caller import WebRTCCaller
+from testkit.live_client import LiveClient
+from testkit.webrtc_caller import WebRTCCaller
 from tests.conftest import ServerProcess, start_server
 
 LIFETIME_S = 2.0

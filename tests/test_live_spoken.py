@@ -26,10 +26,10 @@ from livekit.plugins.openai.realtime import GPTLiveModel
 from openai import AsyncOpenAI
 
 from livekit_omni.live import wire
-from livekit_omni.testing.live_client import LiveClient
-from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from media.codecs import ulaw_decode, ulaw_encode
 from media.webrtc import enable_loopback_ice
+from testkit.live_client import LiveClient
+from testkit.webrtc_caller import WebRTCCaller
 from tests.conftest import ServerProcess, start_server
 from tests.speech_fixtures import synthesize_speech
 

@@ -1,5 +1,5 @@
 """The Live facade over WebRTC: ``POST /v1/live/sessions`` with an SDP offer, audio on the track, events on the
-data channel. An aiortc client (livekit_omni.testing.webrtc_caller.WebRTCCaller) against a real loopback server on 127.0.0.1.
+data channel. An aiortc client (testkit.webrtc_caller.WebRTCCaller) against a real loopback server on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import aiohttp
 import numpy as np
 import pytest
 
-from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from media.webrtc import enable_loopback_ice
+from testkit.webrtc_caller import WebRTCCaller
 from tests.conftest import ServerProcess, start_server
 
 

@@ -23,8 +23,8 @@ from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from livekit_omni.live import wire
-from livekit_omni.testing.live_client import LiveClient
 from media.codecs import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from testkit.live_client import LiveClient
 from tests.conftest import ServerProcess, start_server
 
 API_KEY = "sk-test"

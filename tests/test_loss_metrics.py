@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from livekit_omni.live import wire
-from livekit_omni.testing.live_client import LiveClient
+from testkit.live_client import LiveClient
 from tests.conftest import ServerProcess, start_server
 
 RATE = 24_000

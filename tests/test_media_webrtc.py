@@ -1,6 +1,6 @@
 """media.webrtc: SDP hygiene, the receive jitter buffer, and a real call on 127.0.0.1 through an engine process.
 
-The call: an aiortc caller (livekit_omni.testing.webrtc_caller.WebRTCCaller) sends Piper speech to answer_offer(), which writes it into
+The call: an aiortc caller (testkit.webrtc_caller.WebRTCCaller) sends Piper speech to answer_offer(), which writes it into
 an engine session running the loopback echo fixture; the echo comes back on the outgoing track. The data channel
 carries JSON both ways.
 """
@@ -18,7 +18,6 @@ from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtp import RtpPacket
 
 from engine_bridge import protocol as p
-from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from media.codecs import OpusEncoder
 from media.webrtc import (
     AudioJitterBuffer,
@@ -29,6 +28,7 @@ from media.webrtc import (
     loopback_ice_enabled,
     sanitize_offer_sdp,
 )
+from testkit.webrtc_caller import WebRTCCaller
 from tests.conftest import EngineProcess, connect_engine, spawn_engine
 from tests.speech_fixtures import synthesize_speech
 

@@ -1,6 +1,6 @@
 """The vLLM-Omni bridge adapter (``engine.adapter = "omni_bridge"``) against a stand-in sidecar.
 
-No GPU here, so the sidecar is ``livekit_omni.testing.omni_standin``: a process that speaks vLLM-Omni 0.30's duplex
+No GPU here, so the sidecar is ``testkit.omni_standin``: a process that speaks vLLM-Omni 0.30's duplex
 WebSocket dialect (``/v1/realtime?duplex=1``) with a scripted model instead of a real one (a tone for a voice, an
 energy gate for its turn-taking). It was derived from the vllm-omni 0.30.0 wheel's server handler
 (``entrypoints/duplex/serving.py``) and event projection (``engine/duplex/realtime_events.py``), and checked against
@@ -37,9 +37,9 @@ import pytest
 from engine_bridge import protocol as p
 from engine_bridge.client import EngineClient
 from livekit_omni.live import wire
-from livekit_omni.testing.live_client import LiveClient
-from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from media.webrtc import enable_loopback_ice
+from testkit.live_client import LiveClient
+from testkit.webrtc_caller import WebRTCCaller
 from tests.conftest import ROOT, ServerProcess, connect_engine, free_port, spawn_engine, start_server
 from tests.engine_driver import SessionDriver
 
@@ -48,7 +48,7 @@ TONE_HZ = 660.0
 
 
 class Standin:
-    """A stand-in sidecar process (``python -m livekit_omni.testing.omni_standin``) on a fixed port."""
+    """A stand-in sidecar process (``python -m testkit.omni_standin``) on a fixed port."""
 
     def __init__(self, **opts: object) -> None:
         self.port = free_port()
@@ -61,7 +61,7 @@ class Standin:
         return f"ws://127.0.0.1:{self.port}"
 
     def start(self) -> Standin:
-        args = [sys.executable, "-m", "livekit_omni.testing.omni_standin", "--port", str(self.port)]
+        args = [sys.executable, "-m", "testkit.omni_standin", "--port", str(self.port)]
         for k, v in self.opts.items():
             args += ["--" + k.replace("_", "-"), str(v)]
         self.log.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """The Realtime dialect over WebRTC: ``POST /v1/realtime/calls`` with an SDP offer (raw or multipart), events on the
 ``oai-events`` data channel, audio on the Opus track. The caller is an aiortc client
-(livekit_omni.testing.webrtc_caller.WebRTCCaller) on 127.0.0.1; every event it receives on the channel validates
+(testkit.webrtc_caller.WebRTCCaller) on 127.0.0.1; every event it receives on the channel validates
 strictly against the openai SDK's ``RealtimeServerEvent`` union (tests/realtime_checks.py).
 
 Signalling, auth, ephemeral keys and limits run against the loopback engine (a test fixture with no models: none of
@@ -27,8 +27,8 @@ from openai import AsyncOpenAI
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 
-from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from media.webrtc import enable_loopback_ice
+from testkit.webrtc_caller import WebRTCCaller
 from tests.browser import launch_chromium, wait_until, write_fake_mic
 from tests.conftest import ServerProcess, start_server
 from tests.realtime_checks import ServerEventLog

@@ -31,9 +31,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from livekit_omni import OmniDuplexModel
 from livekit_omni.live import wire
 from livekit_omni.plugin.remote import RemoteSession
-from livekit_omni.testing.live_client import LiveClient
-from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from media.webrtc import enable_loopback_ice
+from testkit.live_client import LiveClient
+from testkit.webrtc_caller import WebRTCCaller
 from tests.conftest import ServerProcess, start_server
 
 API_KEY = "sk-resume"

@@ -1,12 +1,12 @@
-"""The test caller (livekit_omni/testing/webrtc_caller.py) is quiet when its clip is over: every WebRTC test and
+"""The test caller (testkit/webrtc_caller.py) is quiet when its clip is over: every WebRTC test and
 benchmark relies on the server hearing silence between a caller's questions."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from livekit_omni.testing.webrtc_caller import _SourceTrack
 from media.codecs import OPUS_FRAME_SAMPLES, OPUS_RATE, OpusDecoder, rms_dbfs
+from testkit.webrtc_caller import _SourceTrack
 
 
 async def test_opus_caller_sends_silence_after_its_clip() -> None:

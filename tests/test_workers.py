@@ -25,10 +25,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from livekit_omni import worker_ids
 from livekit_omni.live import wire
 from livekit_omni.routing import merge_metrics
-from livekit_omni.testing.live_client import LiveClient
-from livekit_omni.testing.webrtc_caller import WebRTCCaller
 from livekit_omni.worker_ids import owner_of
 from media.webrtc import enable_loopback_ice
+from testkit.live_client import LiveClient
+from testkit.webrtc_caller import WebRTCCaller
 from tests.conftest import ServerProcess, start_server
 from tests.test_realtime_webrtc import call, post_offer, wait_for_state
 from tests.test_resume import channel_event, cut_network, energy, tone48k

@@ -2,7 +2,7 @@
 
 The one protocol module. The facade decodes commands and encodes events with it (:mod:`livekit_omni.live.session`);
 the plugin's remote mode encodes commands and decodes events with the same types (:mod:`livekit_omni.plugin.remote`),
-and so does the test client (:mod:`livekit_omni.testing.live_client`). docs/protocol.md describes it for users.
+and so does the test client (:mod:`testkit.live_client`). docs/protocol.md describes it for users.
 
 * Client commands are ``msgspec`` structs tagged by ``type``; unknown fields are ignored (a compatible server
   should ignore them). :func:`decode_command` turns one text frame into a command or a :class:`WireError` that

@@ -595,7 +595,7 @@ class _LiveConn:
         self.n = 0
 
     async def open(self, *, start: bool = True) -> None:
-        from livekit_omni.testing.live_client import LiveClient
+        from testkit.live_client import LiveClient
 
         self.client = await LiveClient.connect(
             self.target.url, api_key=self.target.api_key, keep_audio=False, max_size=None
@@ -614,7 +614,7 @@ class _LiveConn:
     async def send(self, inp: FuzzInput) -> LiveObservation:
         from websockets.exceptions import ConnectionClosed
 
-        from livekit_omni.testing.live_client import ProtocolViolation
+        from testkit.live_client import ProtocolViolation
 
         c = self.client
         assert c is not None
@@ -1589,8 +1589,8 @@ async def run_rtp(target: FuzzTarget, inputs: Iterator[FuzzInput], report: EdgeR
 async def _open_call(target: FuzzTarget) -> tuple[Any, Any]:
     import aiohttp
 
-    from livekit_omni.testing.webrtc_caller import WebRTCCaller
     from media.webrtc import enable_loopback_ice
+    from testkit.webrtc_caller import WebRTCCaller
 
     enable_loopback_ice()  # the server under test gathers loopback candidates only (webrtc.loopback_only)
     caller = WebRTCCaller(codecs=["audio/opus"], record_seconds=10.0)

@@ -29,7 +29,7 @@ Control endpoints for tests: ``GET /standin/state`` (what it received: appends, 
 ``POST /standin/speak`` (model-initiated speech on every session, or ``?session=<id>``), ``POST /standin/drop``
 (drop every socket, keep the sessions: exercises resume). ``GET /health`` answers 200 like vLLM's.
 
-Run: ``python -m livekit_omni.testing.omni_standin --port 8091``.
+Run: ``python -m testkit.omni_standin --port 8091``.
 """
 
 from __future__ import annotations
