@@ -16,6 +16,7 @@ import yaml
 
 from agents import sip_agent
 from livekit_omni.plugin import model as plugin_model
+from livekit_omni.plugin import options as plugin_options
 from livekit_omni.plugin import worker
 from livekit_omni.settings import Settings
 
@@ -192,14 +193,15 @@ def test_agents_reach_the_engine_the_way_their_mode_needs(services: dict[str, di
     settings = Settings.load(ROOT / "deploy/omni.toml")
     for name in ("agent", "sip-agent"):
         env = env_of(services[name])
-        assert env[plugin_model.ENV_BASE_URL] == f"http://omni:{settings.port}/v1", name
-        model = plugin_model.OmniDuplexModel(base_url=env[plugin_model.ENV_BASE_URL])
+        assert env[plugin_options.ENV_BASE_URL] == f"http://omni:{settings.port}/v1", name
+        model = plugin_model.OmniDuplexModel(base_url=env[plugin_options.ENV_BASE_URL])
         assert model.mode == "remote"
     colo = services["agent-colocated"]
     env = env_of(colo)
-    assert env[plugin_model.ENV_ENGINE_ADDRESS] == settings.engine.address
+    assert env[plugin_options.ENV_ENGINE_ADDRESS] == settings.engine.address
     assert (
-        plugin_model.OmniDuplexModel(engine_address=env[plugin_model.ENV_ENGINE_ADDRESS]).mode == "colocated"
+        plugin_model.OmniDuplexModel(engine_address=env[plugin_options.ENV_ENGINE_ADDRESS]).mode
+        == "colocated"
     )
     # Shared memory and PIDs of the engine's container, and its socket volume at the same place.
     assert colo["ipc"] == "service:omni" and colo["pid"] == "service:omni"
@@ -209,9 +211,9 @@ def test_agents_reach_the_engine_the_way_their_mode_needs(services: dict[str, di
     assert colo.get("profiles") == ["colocated"]
     # Every LIVEKIT_OMNI_* variable a worker is given is one the code reads.
     known = {
-        plugin_model.ENV_ENGINE_ADDRESS,
-        plugin_model.ENV_BASE_URL,
-        plugin_model.ENV_API_KEY,
+        plugin_options.ENV_ENGINE_ADDRESS,
+        plugin_options.ENV_BASE_URL,
+        plugin_options.ENV_API_KEY,
         worker.ENV_AGENT_NAME,
         worker.ENV_INSTRUCTIONS,
         worker.ENV_GREETING,

@@ -113,6 +113,14 @@ def test_client_side_primitives_pull_in_no_models() -> None:
 #   a package ``__init__`` that re-exports its submodules would otherwise form a "cycle" with every submodule.
 # Dynamic imports (``importlib.import_module``, e.g. the adapter registry's "module:attribute" targets) are not
 # seen; the registry module is kept apart from the modules it loads so that these cannot close a cycle either.
+#
+# The packages in TYPE_ONLY_ACYCLIC meet the stricter rule that counts ``if TYPE_CHECKING:`` imports too: there a
+# type-only import back into a module that imports this one is a cycle as well. Two modules that name each other's
+# types cannot be read, tested or replaced apart; what both need goes into a module of its own (the plugin's
+# options in ``livekit_omni/plugin/options.py``), and what a module needs of its caller is passed in.
+
+#: Packages whose modules are on no import cycle even counting imports under ``if TYPE_CHECKING:``.
+TYPE_ONLY_ACYCLIC = ("livekit_omni",)
 
 
 def _is_type_checking_guard(node: ast.If) -> bool:
@@ -122,15 +130,16 @@ def _is_type_checking_guard(node: ast.If) -> bool:
     )
 
 
-def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement of a module, at any depth, except those in an ``if TYPE_CHECKING:`` body."""
+def _import_nodes(tree: ast.AST, *, type_only: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of a module, at any depth, except those in an ``if TYPE_CHECKING:`` body (unless
+    ``type_only``: then those too)."""
     found: list[ast.Import | ast.ImportFrom] = []
     todo: list[ast.AST] = [tree]
     while todo:
         node = todo.pop()
         if isinstance(node, ast.Import | ast.ImportFrom):
             found.append(node)
-        elif isinstance(node, ast.If) and _is_type_checking_guard(node):
+        elif not type_only and isinstance(node, ast.If) and _is_type_checking_guard(node):
             todo.extend(node.orelse)  # the ``else:`` branch does run
             continue
         todo.extend(ast.iter_child_nodes(node))
@@ -152,9 +161,12 @@ def module_files(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
     return out
 
 
-def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, dict[str, int]]:
+def import_graph(
+    root: Path, packages: tuple[str, ...], *, type_only: bool = False
+) -> dict[str, dict[str, int]]:
     """module -> {imported project module: line of the first such import}. Only edges between the modules
-    found by :func:`module_files`; third-party and standard-library imports are left out."""
+    found by :func:`module_files`; third-party and standard-library imports are left out. ``type_only`` counts
+    the imports under ``if TYPE_CHECKING:`` as well."""
     files = module_files(root, packages)
     graph: dict[str, dict[str, int]] = {}
     for mod, path in files.items():
@@ -169,7 +181,7 @@ def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, dict[str, i
             if target and target != mod:
                 edges.setdefault(target, line)
 
-        for node in _import_nodes(ast.parse(path.read_text(), str(path))):
+        for node in _import_nodes(ast.parse(path.read_text(), str(path)), type_only=type_only):
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     add(alias.name, node.lineno)
@@ -302,6 +314,22 @@ def test_cycle_detector_finds_a_planted_cycle(tmp_path: Path) -> None:
     cycles = find_cycles(graph)
     assert cycles == [["pkg.a", "pkg.b", "pkg.a"]]
     assert describe_cycles(graph, cycles) == "import cycle: pkg.a (line 5) -> pkg.b | pkg.b (line 1) -> pkg.a"
+    # Counting type-only imports as well, pkg.c's import of pkg.b closes a second cycle.
+    graph = import_graph(tmp_path, ("pkg",), type_only=True)
+    assert graph["pkg.c"] == {"pkg.b": 4}
+    assert find_cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"], ["pkg.b", "pkg.c", "pkg.b"]]
+
+
+def test_no_import_cycles_type_only_imports_included() -> None:
+    """In TYPE_ONLY_ACYCLIC (livekit_omni: the plugin's model, options and sessions among them) no module is on an
+    import cycle, counting ``if TYPE_CHECKING:`` imports: e.g. a session naming the model's type while the model
+    imports the session is refused."""
+    graph = import_graph(ROOT, OWN_PACKAGES, type_only=True)
+    assert any(m.startswith("livekit_omni.plugin.") for m in graph), "the plugin was not scanned"
+    cycles = [c for c in find_cycles(graph) if any(m.split(".")[0] in TYPE_ONLY_ACYCLIC for m in c)]
+    assert not cycles, (
+        f"{len(cycles)} import cycle(s), type-only imports counted:\n{describe_cycles(graph, cycles)}"
+    )
 
 
 def _in_package(module: str, package: str) -> bool:

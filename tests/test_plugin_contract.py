@@ -27,7 +27,8 @@ from livekit_omni.plugin import gate as gate_mod
 from livekit_omni.plugin import session as session_module
 from livekit_omni.plugin.colocated import ColocatedSession
 from livekit_omni.plugin.gate import IN_REPLY, OmniGate
-from livekit_omni.plugin.model import OmniDuplexModel, OmniOptions
+from livekit_omni.plugin.model import OmniDuplexModel
+from livekit_omni.plugin.options import OmniOptions
 from livekit_omni.plugin.remote import RemoteSession, health_url, live_sessions_url
 from livekit_omni.plugin.session import DropOldestQueue, OmniSession, mono_pcm16_frame, render_item
 

@@ -17,8 +17,9 @@ from livekit.agents import Plugin
 # forkserver, so a job's first session does not pay for importing the media plane.
 from livekit_omni.plugin import colocated, remote  # noqa: F401
 from livekit_omni.plugin.log import logger
-from livekit_omni.plugin.model import OmniDuplexModel, OmniOptions
+from livekit_omni.plugin.model import OmniDuplexModel
 from livekit_omni.plugin.occupancy import EngineOccupancy
+from livekit_omni.plugin.options import OmniOptions
 from livekit_omni.plugin.session import OmniBargeIn, OmniReplyDone, OmniSession
 from livekit_omni.plugin.version import __version__
 

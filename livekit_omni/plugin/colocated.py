@@ -27,17 +27,18 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from livekit import rtc
 from livekit.agents import llm, utils
 
 from engine_bridge import protocol as p
-from engine_bridge.client import EngineSession
+from engine_bridge.client import EngineClient, EngineSession
 from engine_bridge.control import ControlError, EngineRequestError
 from engine_bridge.formats import ENGINE_OUTPUT_RATE, FRAME_MS
 from livekit_omni.plugin.gate import IN_REPLY
 from livekit_omni.plugin.log import logger
+from livekit_omni.plugin.options import OmniOptions
 from livekit_omni.plugin.session import (
     AppendKind,
     OmniBargeIn,
@@ -51,9 +52,6 @@ from media.egress import EgressPlayer
 from media.ingress import IngressWriter
 from media.pacer import Pacer
 
-if TYPE_CHECKING:
-    from livekit_omni.plugin.model import OmniDuplexModel
-
 #: Control commands (appends, mute, interrupt) waiting for the engine. Each takes a round trip of well under a
 #: millisecond on a local socket; 64 waiting means the engine is gone or stuck, and the caller gets an error.
 COMMAND_QUEUE_LIMIT: Final = 64
@@ -61,13 +59,20 @@ COMMAND_QUEUE_LIMIT: Final = 64
 OUTPUT_RATE: Final = ENGINE_OUTPUT_RATE
 
 Command = Callable[[EngineSession], Awaitable[Any]]
+#: Gives the control connection a session opens on, connected: the model's one per event loop, shared by its
+#: sessions and replaced once lost. A getter rather than a client because it connects on first use, when the
+#: session opens (after ``session()`` returned), and a lost connection is replaced for the next session.
+EngineClientGetter = Callable[[], Awaitable[EngineClient]]
 
 
 class ColocatedSession(OmniSession):
     """One engine session reached through the shared-memory rings; see the module docstring."""
 
-    def __init__(self, model: OmniDuplexModel) -> None:
-        super().__init__(model)
+    def __init__(
+        self, model: llm.DuplexModel, options: OmniOptions, *, engine_client: EngineClientGetter
+    ) -> None:
+        super().__init__(model, options)
+        self._engine_client = engine_client
         self._es: EngineSession | None = None
         self._bridge: SessionBridge | None = None
         self._writer: IngressWriter | None = None
@@ -189,7 +194,7 @@ class ColocatedSession(OmniSession):
         deadline = time.monotonic() + self._opts.connect_timeout_s
         config = self._session_config()
         while True:
-            client = await self._omni_model._engine_client()
+            client = await self._engine_client()
             try:
                 return await client.open_session(config, timeout=self._opts.connect_timeout_s)
             except EngineRequestError as e:

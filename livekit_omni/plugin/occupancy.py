@@ -27,7 +27,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Final
 
 from livekit_omni.plugin.log import logger
-from livekit_omni.plugin.model import ENV_API_KEY, ENV_BASE_URL, ENV_ENGINE_ADDRESS
+from livekit_omni.plugin.options import ENV_API_KEY, ENV_BASE_URL, ENV_ENGINE_ADDRESS
 
 if TYPE_CHECKING:
     from engine_bridge.client import EngineClient

@@ -29,7 +29,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Final, Literal
 from urllib.parse import urlparse, urlunparse
 
 import aiohttp
@@ -40,6 +40,7 @@ from livekit.agents import llm, utils
 
 from livekit_omni.live import wire
 from livekit_omni.plugin.log import logger
+from livekit_omni.plugin.options import OmniOptions
 from livekit_omni.plugin.session import (
     AppendKind,
     DropOldestQueue,
@@ -50,9 +51,6 @@ from livekit_omni.plugin.session import (
 )
 from livekit_omni.sessions.resume import REFUSALS as RESUME_REFUSALS
 from media.resample import Resampler
-
-if TYPE_CHECKING:
-    from livekit_omni.plugin.model import OmniDuplexModel
 
 SAMPLE_RATE: Final = 24_000
 #: 100 ms input chunks, as GPT-Live sends them.
@@ -124,8 +122,8 @@ def _mute_command(muted: bool) -> wire.InputAudioMute | wire.InputAudioUnmute:
 class RemoteSession(OmniSession):
     """One Live session on a remote ``livekit-omni serve``; see the module docstring."""
 
-    def __init__(self, model: OmniDuplexModel) -> None:
-        super().__init__(model)
+    def __init__(self, model: llm.DuplexModel, options: OmniOptions) -> None:
+        super().__init__(model, options)
         assert self._opts.base_url is not None
         self._url = live_sessions_url(self._opts.base_url)
         self._out: DropOldestQueue[llm.DuplexAudioFrame] = DropOldestQueue(self._opts.output_queue_frames)

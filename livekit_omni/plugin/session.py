@@ -15,7 +15,7 @@ import time
 from abc import abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
+from typing import Any, Final, Generic, Literal, TypeVar
 
 import numpy as np
 from livekit import rtc
@@ -26,10 +26,8 @@ from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.utils import is_given
 
 from livekit_omni.plugin.log import logger
+from livekit_omni.plugin.options import OmniOptions
 from media.codecs import downmix_interleaved
-
-if TYPE_CHECKING:
-    from livekit_omni.plugin.model import OmniDuplexModel, OmniOptions
 
 T = TypeVar("T")
 
@@ -209,10 +207,11 @@ class OmniSession(llm.DuplexSession[OmniEventTypes]):
     :meth:`append_commentary`, :meth:`speak_now`, :meth:`mute_input`, :meth:`unmute_input`.
     """
 
-    def __init__(self, model: OmniDuplexModel) -> None:
+    def __init__(self, model: llm.DuplexModel, options: OmniOptions) -> None:
+        # Typed as LiveKit's base model: a session reads only its label, name and provider (for metrics). What it
+        # needs of the plugin's own model comes as arguments, so no session module imports the model's module.
         super().__init__(model)
-        self._omni_model = model
-        self._opts: OmniOptions = model.options
+        self._opts = options
         self._instructions = ""
         self._history: collections.deque[HistoryTurn] = collections.deque(maxlen=HISTORY_LIMIT)
         self._seen_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -245,8 +244,8 @@ class OmniSession(llm.DuplexSession[OmniEventTypes]):
 
     # --- properties ---------------------------------------------------------------------------------------------
     @property
-    def model(self) -> OmniDuplexModel:
-        return self._omni_model
+    def model(self) -> llm.DuplexModel:
+        return self._duplex_model
 
     @property
     def tools(self) -> llm.ToolContext:
@@ -385,7 +384,7 @@ class OmniSession(llm.DuplexSession[OmniEventTypes]):
         self.emit(
             "error",
             llm.RealtimeModelError(
-                timestamp=time.time(), label=self._omni_model.label, error=error, recoverable=recoverable
+                timestamp=time.time(), label=self._duplex_model.label, error=error, recoverable=recoverable
             ),
         )
 
@@ -399,12 +398,12 @@ class OmniSession(llm.DuplexSession[OmniEventTypes]):
             RealtimeModelMetrics(
                 timestamp=time.time(),
                 request_id=request_id,
-                label=self._omni_model.label,
+                label=self._duplex_model.label,
                 session_duration=session_seconds,
                 input_token_details=RealtimeModelMetrics.InputTokenDetails(),
                 output_token_details=RealtimeModelMetrics.OutputTokenDetails(),
                 metadata=Metadata(
-                    model_name=self._omni_model.model, model_provider=self._omni_model.provider
+                    model_name=self._duplex_model.model, model_provider=self._duplex_model.provider
                 ),
             ),
         )
