@@ -27,7 +27,7 @@ from starlette.routing import BaseRoute, Route
 from engine_bridge import protocol as p
 from engine_bridge.client import TextStream
 from engine_bridge.control import EngineLostError, EngineRequestError, RequestTimeout
-from livekit_omni.supervisor import EngineState, EngineSupervisor
+from livekit_omni.supervisor import EngineSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +292,7 @@ async def chat_completions(request: Request) -> Response:
     except ChatError as e:
         return e.response()
     client = sup.client
-    if client is None or client.lost or sup.state is not EngineState.READY:
+    if client is None or client.lost or sup.state is not p.EngineState.READY:
         return ChatError(
             503, f"the engine is {sup.state}", type="server_error", code="engine_unavailable"
         ).response()
