@@ -254,7 +254,7 @@ async def connect_engine(proc: subprocess.Popen[bytes], address: str) -> EngineC
                 raise
             await asyncio.sleep(0.1)
     for _ in range(600):
-        if (await client.ping()).state == "ready":
+        if (await client.ping()).state is p.EngineState.READY:
             return client
         await asyncio.sleep(0.1)
     raise RuntimeError("engine did not become ready")

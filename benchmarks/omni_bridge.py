@@ -126,7 +126,7 @@ async def connect(address: str) -> EngineClient:
                 raise
             await asyncio.sleep(0.1)
     for _ in range(600):  # the bridge's load() waits for the sidecar's /health
-        if (await client.ping()).state == "ready":
+        if (await client.ping()).state is p.EngineState.READY:
             return client
         await asyncio.sleep(0.1)
     raise TimeoutError("the engine did not get ready")

@@ -81,7 +81,7 @@ class EngineSession:
         self.rings = rings
         self.events: asyncio.Queue[p.SessionEvent] = asyncio.Queue(EVENT_QUEUE_LIMIT)
         self.closed = False
-        self.close_reason = ""
+        self.close_reason: p.CloseReason | None = None
         #: The engine reaps the session after this long without activity (set from its SessionOpened).
         self.idle_ttl_s = 0.0
 
@@ -138,7 +138,7 @@ class EngineSession:
     async def stats(self) -> p.SessionStats:
         return await self.client.call(p.GetStats(req_id=0, session_id=self.id), p.SessionStats)
 
-    async def close(self, reason: str = "client", *, timeout: float = 5.0) -> None:
+    async def close(self, reason: p.CloseReason = p.CloseReason.CLIENT, *, timeout: float = 5.0) -> None:
         """Ask the engine to close the session, then release the rings. Idempotent, never raises."""
         if not self.closed and not self.client.lost:
             with contextlib.suppress(EngineLostError, EngineRequestError, TimeoutError, Exception):
@@ -165,10 +165,10 @@ class EngineSession:
                 self.id,
                 EVENT_QUEUE_LIMIT,
             )
-            self._finish("event_overflow")
-            asyncio.get_running_loop().create_task(self.close("event_overflow"))
+            self._finish(p.CloseReason.EVENT_OVERFLOW)
+            asyncio.get_running_loop().create_task(self.close(p.CloseReason.EVENT_OVERFLOW))
 
-    def _finish(self, reason: str) -> None:
+    def _finish(self, reason: p.CloseReason) -> None:
         if self.closed:
             return
         self.closed = True
@@ -260,7 +260,7 @@ class EngineClient:
                 timeout=timeout,
             )
         except BaseException:
-            session._finish("open_failed")
+            session._finish(p.CloseReason.OPEN_FAILED)
             raise
         session.idle_ttl_s = opened.idle_ttl_s
         return session
@@ -299,7 +299,7 @@ class EngineClient:
 
     async def close(self) -> None:
         for session in list(self.sessions.values()):
-            await session.close("client_shutdown", timeout=2.0)
+            await session.close(p.CloseReason.CLIENT_SHUTDOWN, timeout=2.0)
         if self._control is not None:
             await self._control.close()
         if self._bell is not None:
@@ -335,8 +335,10 @@ class EngineClient:
                     )
                 )
             with contextlib.suppress(asyncio.QueueFull):
-                session.events.put_nowait(p.SessionClosed(session_id=session.id, reason="engine_lost"))
-            session._finish("engine_lost")
+                session.events.put_nowait(
+                    p.SessionClosed(session_id=session.id, reason=p.CloseReason.ENGINE_LOST)
+                )
+            session._finish(p.CloseReason.ENGINE_LOST)
         for stream in list(self.texts.values()):
             stream._deliver(
                 p.TextDone(

@@ -87,7 +87,7 @@ class _Open:
 @dataclass(slots=True)
 class _Close:
     session: DuplexSession
-    reason: str
+    reason: p.CloseReason
     done: concurrent.futures.Future[None]
 
 
@@ -135,7 +135,7 @@ class Engine:
         self.settings = settings
         self.adapter = adapter or make_adapter(settings)
         self.manager = SessionManager(settings)
-        self.state = "starting"
+        self.state = p.EngineState.STARTING
         self.load_error = ""
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -179,7 +179,7 @@ class Engine:
         log.info(
             "engine %d listening on %s (adapter %s)", os.getpid(), self._server.address, self.adapter.name
         )
-        self.state = "loading"
+        self.state = p.EngineState.LOADING
         loader = threading.Thread(target=self._load, name="engine-loader", daemon=True)
         loader.start()
         self._threads = [
@@ -202,7 +202,7 @@ class Engine:
         except Exception as e:
             log.exception("model loading failed")
             self.load_error = f"{type(e).__name__}: {e}"
-            self.state = "failed"
+            self.state = p.EngineState.FAILED
             return
         # The loaded models are a heap of long-lived objects (hundreds of thousands with torch) that every full
         # collection would walk again, pausing every thread of this process, the audio thread included, for tens
@@ -210,12 +210,12 @@ class Engine:
         # sessions allocate (benchmarks/omni_bridge.py: a 30 ms pause at 16 sessions before, none after).
         gc.collect()
         gc.freeze()
-        self.state = "ready"
+        self.state = p.EngineState.READY
         log.info("engine ready in %.1f s", time.monotonic() - t0)
 
     async def stop(self) -> None:
         for s in self.manager.snapshot():
-            await self._close_session(s, "engine_shutdown")
+            await self._close_session(s, p.CloseReason.ENGINE_SHUTDOWN)
         self._stop.set()
         self._wake.set()
         self._wake_audio()
@@ -325,9 +325,11 @@ class Engine:
         problem = _check_settings(cmd.config.temperature, cmd.config.max_output_tokens)
         if problem:
             return p.ErrorReply(req_id=cmd.req_id, code=p.ErrorCode.INVALID_REQUEST, message=problem)
-        if self.state != "ready":
+        if self.state is not p.EngineState.READY:
             code = (
-                p.ErrorCode.ENGINE_LOADING if self.state in ("starting", "loading") else p.ErrorCode.INTERNAL
+                p.ErrorCode.ENGINE_LOADING
+                if self.state in (p.EngineState.STARTING, p.EngineState.LOADING)
+                else p.ErrorCode.INTERNAL
             )
             return p.ErrorReply(
                 req_id=cmd.req_id, code=code, message=f"engine is {self.state} {self.load_error}".strip()
@@ -381,7 +383,7 @@ class Engine:
 
         if not self.adapter.caps.text_completions:
             return refuse(p.ErrorCode.UNSUPPORTED, f"the {self.adapter.name!r} adapter does not run text")
-        if self.state != "ready":
+        if self.state is not p.EngineState.READY:
             return refuse(p.ErrorCode.ENGINE_LOADING, f"engine is {self.state}")
         if cmd.request_id in self.texts:
             return refuse(p.ErrorCode.INVALID_REQUEST, f"text request {cmd.request_id!r} is already running")
@@ -434,7 +436,7 @@ class Engine:
 
         return emit
 
-    async def _close_session(self, session: DuplexSession, reason: str) -> None:
+    async def _close_session(self, session: DuplexSession, reason: p.CloseReason) -> None:
         if session.closing:
             return
         session.closing = True
@@ -445,7 +447,7 @@ class Engine:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.wrap_future(done), 10.0)
 
-    def _end_session_threadsafe(self, session: DuplexSession, reason: str) -> None:
+    def _end_session_threadsafe(self, session: DuplexSession, reason: p.CloseReason) -> None:
         """The adapter's model side ended this session (see ``ModelAdapter.end_session``); any thread."""
         loop = self._loop
         if loop is None or session.closing:
@@ -453,7 +455,7 @@ class Engine:
         with contextlib.suppress(RuntimeError):  # the loop is closing
             asyncio.run_coroutine_threadsafe(self._close_session(session, reason), loop)
 
-    def _finalize(self, session: DuplexSession, reason: str) -> None:
+    def _finalize(self, session: DuplexSession, reason: p.CloseReason) -> None:
         """Scheduler thread: release the model state and the rings; tell the client."""
         try:
             self.adapter.close(session)
@@ -493,7 +495,7 @@ class Engine:
                 "client %d (%s) disconnected; closing its %d session(s)", conn.id, conn.client, len(orphans)
             )
         for s in orphans:
-            asyncio.get_running_loop().create_task(self._close_session(s, "client_gone"))
+            asyncio.get_running_loop().create_task(self._close_session(s, p.CloseReason.CLIENT_GONE))
         for req in [r for r in self.texts.values() if r.owner_id == conn.id]:
             req.abort_requested.set()  # the scheduler ends it at its next pass and frees its KV
             self._wake.set()
@@ -513,7 +515,7 @@ class Engine:
                             fatal=True,
                         )
                     )
-                    await self._close_session(s, "idle_timeout")
+                    await self._close_session(s, p.CloseReason.IDLE_TIMEOUT)
 
     # --- audio thread ---------------------------------------------------------------------------------------
     def _wake_audio(self) -> None:
@@ -543,7 +545,9 @@ class Engine:
                         )
                     )
                     if self._loop is not None:
-                        asyncio.run_coroutine_threadsafe(self._close_session(s, "error"), self._loop)
+                        asyncio.run_coroutine_threadsafe(
+                            self._close_session(s, p.CloseReason.ERROR), self._loop
+                        )
                     s.closing = True
             if time.monotonic() - started > AUDIO_TICK_S:  # one pass took longer than a tick: count it
                 self.audio_tick_overruns += 1

@@ -162,10 +162,34 @@ class Touch(_Msg):
     session_id: str
 
 
+class CloseReason(enum.StrEnum):
+    """Why an engine session closed: the reason a client gives in :class:`CloseSession`, and the one
+    :class:`SessionClosed` reports (the client's, or the engine's own)."""
+
+    # Given by the client (CloseSession).
+    CLIENT = "client"  # the client is done with it (the default)
+    CLIENT_SHUTDOWN = "client_shutdown"  # the EngineClient closes every session it still holds
+    EVENT_OVERFLOW = "event_overflow"  # the client's event consumer fell a whole event queue behind
+    # The Live dialect's own session.closed reasons, passed on to the engine as they are.
+    EXPIRED = "expired"
+    CONTENT = "content"
+    REMOTE_HANGUP = "remote_hangup"
+    CONNECTION_LOST = "connection_lost"
+    # Decided by the engine.
+    CLIENT_GONE = "client_gone"  # the session's control connection vanished
+    IDLE_TIMEOUT = "idle_timeout"  # nothing touched the session for its idle TTL
+    ERROR = "error"  # the session's audio pump failed
+    ENGINE_SHUTDOWN = "engine_shutdown"  # the engine is stopping
+    SIDECAR_LOST = "sidecar_lost"  # the omni adapter's model server went away for good
+    # Set by the client itself, never sent by the engine.
+    ENGINE_LOST = "engine_lost"  # the engine's connection died
+    OPEN_FAILED = "open_failed"  # the engine refused to open the session, or never answered
+
+
 class CloseSession(_Msg):
     req_id: int
     session_id: str
-    reason: str = "client"
+    reason: CloseReason = CloseReason.CLIENT
 
 
 class GetStats(_Msg):
@@ -246,11 +270,23 @@ class Ack(_Result):
     """A command that has nothing to report (Touch, CloseSession)."""
 
 
+class EngineState(enum.StrEnum):
+    """Where the engine stands. The engine process reports the first four (``EngineHealth.state``); the serving
+    side's supervisor (``livekit_omni/supervisor.py``) adds the two it alone can know."""
+
+    STARTING = "starting"
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"  # loading the models failed (``EngineHealth.error`` says why)
+    RESTARTING = "restarting"  # the supervisor lost the engine and starts a new one
+    STOPPED = "stopped"  # the supervisor stopped it
+
+
 class EngineHealth(_Result, kw_only=True):
     """The engine's state and load (Hello, Ping, and GetStats without a session): what /health shows."""
 
     engine_pid: int
-    state: str
+    state: EngineState
     error: str | None = None
     protocol: int = PROTOCOL_VERSION
     max_sessions: int
@@ -330,7 +366,7 @@ class SessionStats(_Result, kw_only=True):
     """One session as the engine sees it (GetStats with a session): counters, playout and conversation log."""
 
     session_id: str
-    state: str
+    state: SessionState
     epoch: int
     turn_id: int
     input_seconds: float
@@ -541,7 +577,7 @@ class SessionError(_Msg):
 
 class SessionClosed(_Msg):
     session_id: str
-    reason: str
+    reason: CloseReason
 
 
 SessionEvent = (

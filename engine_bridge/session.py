@@ -132,7 +132,7 @@ class DuplexSession:
         self.stats = SessionStats()
         self.last_activity = time.monotonic()
         self.closing = False
-        self.close_reason = ""
+        self.close_reason: p.CloseReason | None = None
         #: Adapter-private state (e.g. the cascade's turn machine state); set by the adapter's ``open``.
         self.adapter_state: AdapterState | None = None
         #: The latest reply, as its owner (the adapter, on the scheduler thread) published it at its last phase
@@ -252,7 +252,7 @@ class DuplexSession:
         played_epoch, played_turn, played = self.rings.egress.playout()
         return {
             "session_id": self.id,
-            "state": str(self.state),
+            "state": self.state,
             "epoch": self.epoch,
             "turn_id": self.turn_id,
             "input_seconds": st.input_samples / ENGINE_INPUT_RATE,

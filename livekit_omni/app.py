@@ -22,6 +22,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from engine_bridge.protocol import EngineState
 from livekit_omni import routing, worker_ids
 from livekit_omni.auth import AuthMiddleware
 from livekit_omni.chat import routes as chat_routes
@@ -31,7 +32,7 @@ from livekit_omni.metrics import Metrics
 from livekit_omni.realtime.routes import routes as realtime_routes
 from livekit_omni.sessions.hub import hub_of
 from livekit_omni.settings import Settings
-from livekit_omni.supervisor import EngineState, EngineSupervisor
+from livekit_omni.supervisor import EngineSupervisor
 
 log = logging.getLogger(__name__)
 

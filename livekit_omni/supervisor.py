@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import os
 import subprocess
@@ -20,19 +19,11 @@ from typing import Any
 from engine_bridge import protocol as p
 from engine_bridge.client import EngineClient, EngineSession
 from engine_bridge.control import Address, EngineLostError
+from engine_bridge.protocol import EngineState
 from engine_bridge.ring import remove_orphan_segments
 from livekit_omni.settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-class EngineState(enum.StrEnum):
-    STARTING = "starting"
-    LOADING = "loading"
-    READY = "ready"
-    RESTARTING = "restarting"
-    FAILED = "failed"
-    STOPPED = "stopped"
 
 
 class EngineUnavailableError(RuntimeError):
@@ -153,9 +144,9 @@ class EngineSupervisor:
         while True:
             info = await self.client.ping(timeout=5.0)
             self._set_info(info)
-            if info.state == "ready":
+            if info.state is EngineState.READY:
                 break
-            if info.state == "failed":
+            if info.state is EngineState.FAILED:
                 self.state = EngineState.FAILED
                 self.detail = info.error or "model loading failed"
                 raise RuntimeError(self.detail)

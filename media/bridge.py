@@ -111,7 +111,7 @@ class SessionBridge:
             asyncio.create_task(self._keepalive(), name=f"bridge-keepalive-{sid}"),
         ]
 
-    async def close(self, reason: str = "client") -> None:
+    async def close(self, reason: p.CloseReason = p.CloseReason.CLIENT) -> None:
         """Stop the tasks and the media (nothing touches the rings afterwards), then close the engine session.
         Idempotent; never raises."""
         if not self._closed:

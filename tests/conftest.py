@@ -210,6 +210,7 @@ async def connect_engine(engine: EngineProcess, *, ready_timeout: float = 240.0)
                 raise
             await asyncio.sleep(0.1)
     from engine_bridge.control import RequestTimeout
+    from engine_bridge.protocol import EngineState
 
     while True:
         try:
@@ -220,9 +221,9 @@ async def connect_engine(engine: EngineProcess, *, ready_timeout: float = 240.0)
             if time.monotonic() > deadline:
                 raise
             continue
-        if info.state == "ready":
+        if info.state is EngineState.READY:
             return client
-        if info.state == "failed" or time.monotonic() > deadline:
+        if info.state is EngineState.FAILED or time.monotonic() > deadline:
             raise RuntimeError(f"engine failed to load: {info}")
         await asyncio.sleep(0.25)
 

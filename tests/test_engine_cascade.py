@@ -267,7 +267,7 @@ async def test_past_the_context_limit_the_session_keeps_answering() -> None:
         assert stats.extra["thinker"]["trims"] >= 1
         assert stats.extra["thinker"]["resident_kv_tokens"] <= 320
         assert stats.log[0].role == "system"
-        assert (await client.ping()).state == "ready"
+        assert (await client.ping()).state is p.EngineState.READY
         await session.close()
         await client.close()
     finally:

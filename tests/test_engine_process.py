@@ -74,7 +74,7 @@ async def test_undecodable_control_message_gets_an_error_reply() -> None:
         assert e3.value.code == "bad_message" and len(e3.value.message) < 1000
         # The engine survived all of them and still answers on the same connection.
         info = await client.ping()
-        assert info.state == "ready"
+        assert info.state is p.EngineState.READY
         await client.close()
     finally:
         proc.terminate()

@@ -97,7 +97,7 @@ async def test_the_pump_routes_model_text_to_the_player_and_every_event_to_the_c
         )
         await asyncio.wait_for(got_text.wait(), 5)
         assert player.stats()["transcripts_pending"] == 1  # handed to the player before the consumer saw it
-        await es.close("client")
+        await es.close(p.CloseReason.CLIENT)
         async with asyncio.timeout(5):
             await bridge.wait()
         assert isinstance(events[-1], p.SessionClosed)

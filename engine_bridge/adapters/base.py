@@ -61,7 +61,7 @@ class ModelAdapter(ABC):
         self.wake: threading.Event | None = None
         #: Set by the engine: ends a session from any thread, as an engine-side failure would (the adapter's
         #: model server died under it). Emit the typed ``SessionError`` first, then call it with the reason.
-        self.end_session: Callable[[DuplexSession, str], None] | None = None
+        self.end_session: Callable[[DuplexSession, p.CloseReason], None] | None = None
 
     def load(self) -> None:
         """Load models (engine start-up, before sessions are admitted). Default: nothing to load."""

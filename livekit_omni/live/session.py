@@ -639,7 +639,9 @@ class LiveSession(DialectSession[wire.ClientCommand, wire.ServerEvent]):
             reason=close_reason or reason or "",
             notify=notify,
             error=error,
-            engine_reason="client" if reason in (None, "close_requested") else reason,
+            engine_reason=p.CloseReason.CLIENT
+            if reason in (None, "close_requested")
+            else p.CloseReason(reason),
         )
 
     async def end(
@@ -649,7 +651,7 @@ class LiveSession(DialectSession[wire.ClientCommand, wire.ServerEvent]):
         reason: str = "",
         notify: bool = True,
         error: wire.ServerEvent | None = None,
-        engine_reason: str = "client",
+        engine_reason: p.CloseReason = p.CloseReason.CLIENT,
     ) -> None:
         if not self.state.ending:
             # What only Live has: the resume token dies with the session, and a resumed client being sent its

@@ -144,9 +144,9 @@ class ColocatedSession(OmniSession):
         if self._bridge is not None:
             # Stops the media (nothing touches the rings afterwards), then closes the engine session and releases
             # (unlinks) the rings.
-            await self._bridge.close("client")
+            await self._bridge.close(p.CloseReason.CLIENT)
         elif self._es is not None:
-            await self._es.close("client")
+            await self._es.close(p.CloseReason.CLIENT)
         self._open_done.set()
         # Normally the adapter's segmenter owns the stream and is cancelled before this; a stream still
         # suspended elsewhere ends at its next tick (it checks _stream_closed).

@@ -332,9 +332,11 @@ class DialectSession(ABC, Generic[Command, Event]):
                 self.context = (ev.context_tokens, ev.context_limit)
         self.on_engine_event(ev)
 
-    async def _engine_closed(self, reason: str) -> None:
+    async def _engine_closed(self, reason: p.CloseReason) -> None:
         fatal = self._fatal
-        if reason == "engine_lost" or (fatal is not None and fatal.code == p.ErrorCode.ENGINE_LOST):
+        if reason is p.CloseReason.ENGINE_LOST or (
+            fatal is not None and fatal.code == p.ErrorCode.ENGINE_LOST
+        ):
             code, message = (
                 "engine_lost",
                 "the engine stopped; this session cannot continue (a new one can start)",
@@ -364,7 +366,7 @@ class DialectSession(ABC, Generic[Command, Event]):
         reason: str = "",
         notify: bool = True,
         error: Event | None = None,
-        engine_reason: str = "client",
+        engine_reason: p.CloseReason = p.CloseReason.CLIENT,
     ) -> None:
         """End the session once: the dialect's last events (``notify=False``: the client is gone, nothing is sent),
         then the transport closes with ``code``, then the engine session (``engine_reason``)."""

@@ -685,4 +685,4 @@ class OmniSessionBridge:
         s.emit(p.SessionError(session_id=s.id, code="sidecar_lost", message=message, fatal=True))
         end = self.adapter.end_session
         if end is not None:
-            end(s, "sidecar_lost")
+            end(s, p.CloseReason.SIDECAR_LOST)
