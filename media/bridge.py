@@ -3,7 +3,7 @@
 Every consumer of an engine session needs the same four things: an :class:`~media.ingress.IngressWriter` for the
 caller's audio, an :class:`~media.egress.EgressPlayer` for the model's, a task that drains the session's event
 queue, and a keep-alive so the engine does not reap a session whose caller is merely quiet. :class:`SessionBridge`
-owns all four; the Live facade's WebSocket and WebRTC sessions (``livekit_omni.live.session``) and the co-located
+owns all four; every dialect session (``livekit_omni.sessions.base``, WebSocket and WebRTC alike) and the co-located
 LiveKit plugin (``livekit_omni.plugin.colocated``) each hold one and differ only in what they do with the events.
 
 Events: the pump hands each :class:`~engine_bridge.protocol.OutputTranscript` to the player first (it releases

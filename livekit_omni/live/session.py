@@ -69,7 +69,7 @@ class LiveSession(DialectSession[wire.ClientCommand, wire.ServerEvent]):
     id_prefix = "live_"
 
     def __init__(self, hub: SessionHub, transport: Transport, *, accepts_start: bool = True) -> None:
-        super().__init__(hub, transport)
+        super().__init__(hub, transport, wire.CODEC)
         self.accepts_start = accepts_start
         self.config: wire.ResolvedConfig | None = None
         self.player: EgressPlayer | None = None
@@ -107,33 +107,7 @@ class LiveSession(DialectSession[wire.ClientCommand, wire.ServerEvent]):
         #: A connection's first session: set when its ``session.resume`` took over an existing session instead.
         self.successor: LiveSession | None = None
 
-    # --- the dialect's wire -----------------------------------------------------------------------------------
-    def decode(self, raw: str | bytes) -> wire.ClientCommand:
-        return wire.decode_command(raw)
-
-    def encode(self, ev: wire.ServerEvent) -> bytes:
-        return wire.encode(ev)
-
-    def event_type(self, ev: wire.ServerEvent | wire.ClientCommand) -> str:
-        return wire.event_type(ev)
-
-    def error_event(
-        self,
-        code: str,
-        message: str,
-        *,
-        type: str = wire.INVALID_REQUEST,
-        param: str | None = None,
-        client_event_id: str | None = None,
-    ) -> wire.ServerEvent:
-        return wire.error_event(code, message, type=type, param=param, client_event_id=client_event_id)
-
-    def error_code(self, ev: wire.ServerEvent) -> str | None:
-        return ev.error.code if isinstance(ev, wire.Error) else None
-
-    def client_event_id(self, cmd: wire.ClientCommand) -> str | None:
-        return cmd.event_id
-
+    # --- the dialect's wire --------------------------------------------------------------------------------
     def slim(self, ev: wire.ServerEvent) -> wire.ServerEvent | None:
         """The session resource loses its echo-only history and instructions; no other event has a slimmer form."""
         if isinstance(ev, wire.SessionStarted | wire.SessionUpdated | wire.SessionClosed):

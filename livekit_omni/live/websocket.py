@@ -23,7 +23,7 @@ from livekit_omni.sessions.errors import WireError, invalid_api_key
 from livekit_omni.sessions.hub import hub_of
 from livekit_omni.sessions.state import SessionState
 from livekit_omni.sessions.transport import CLOSE_POLICY, CLOSE_TRY_AGAIN
-from livekit_omni.sessions.websocket import WebSocketTransport, too_large
+from livekit_omni.sessions.websocket import WebSocketTransport, oversize, payload
 
 log = logging.getLogger(__name__)
 
@@ -50,63 +50,52 @@ async def live_websocket(ws: WebSocket) -> None:
     client_close_code: int | None = None
     relayed = False
     try:
-        if not key_is_valid(hub.settings, bearer_token(ws.headers)):
-            await session.refuse(invalid_api_key(), close_code=CLOSE_POLICY)
-            return
-        drain: Drain = ws.app.state.drain
-        while not transport.closed:
-            # Draining (SIGTERM), checked on arrival and again before a session.start is handled.
-            if session.state is SessionState.NEW and not drain.admitting:
-                await _refuse_draining(session)
+        # The transport cancels this task when the client stops reading; the cleanup below then runs as usual.
+        with transport.reading():
+            if not key_is_valid(hub.settings, bearer_token(ws.headers)):
+                await session.refuse(invalid_api_key(), close_code=CLOSE_POLICY)
                 return
-            if session.state is SessionState.NEW:
-                try:
-                    msg = await asyncio.wait_for(ws.receive(), START_TIMEOUT_S)
-                except TimeoutError:
-                    session.emit(
-                        wire.error_event(
-                            "session_start_timeout", f"no session.start within {START_TIMEOUT_S:g} s"
-                        )
-                    )
-                    await transport.close(CLOSE_POLICY, "session_start_timeout")
+            drain: Drain = ws.app.state.drain
+            while not transport.closed:
+                # Draining (SIGTERM), checked on arrival and again before a session.start is handled.
+                if session.state is SessionState.NEW and not drain.admitting:
+                    await _refuse_draining(session)
                     return
-            else:
-                msg = await ws.receive()
-            if msg["type"] == "websocket.disconnect":
-                client_close_code = msg.get("code")
-                return
-            text = msg.get("text")
-            data: str | bytes = text if text is not None else (msg.get("bytes") or b"")
-            if too_large(data, limit):
-                session.emit(
-                    wire.error_event(
-                        "message_too_large",
-                        f"a message may hold at most {limit} bytes; this one was dropped",
-                    )
-                )
-                continue
-            if session.state is SessionState.NEW and not drain.admitting:
-                await _refuse_draining(session)
-                return
-            owner = routing.resume_owner(data) if session.state is SessionState.NEW else None
-            if owner is not None and await routing.relay_accepted_websocket(
-                ws.app, ws.scope, ws.receive, ws.send, owner, data
-            ):
-                # Another worker holds the session (--workers): the connection was relayed there and is over.
-                session.advance(SessionState.CLOSED)
-                relayed = True
-                return
-            await session.handle_text(data)
-            if session.successor is not None:
-                # session.resume: this connection now belongs to the resumed session.
-                session = session.successor
-    except asyncio.CancelledError:
-        if not transport.aborted:
-            raise
-        # The transport cancelled us because the client stopped reading: clean up and return normally.
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
+                if session.state is SessionState.NEW:
+                    try:
+                        msg = await asyncio.wait_for(ws.receive(), START_TIMEOUT_S)
+                    except TimeoutError:
+                        session.emit(
+                            wire.error_event(
+                                "session_start_timeout", f"no session.start within {START_TIMEOUT_S:g} s"
+                            )
+                        )
+                        await transport.close(CLOSE_POLICY, "session_start_timeout")
+                        return
+                else:
+                    msg = await ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    client_close_code = msg.get("code")
+                    return
+                data = payload(msg)
+                if (refusal := oversize(data, limit)) is not None:
+                    session.emit(wire.error_event("message_too_large", refusal))
+                    continue
+                if session.state is SessionState.NEW and not drain.admitting:
+                    await _refuse_draining(session)
+                    return
+                owner = routing.resume_owner(data) if session.state is SessionState.NEW else None
+                if owner is not None and await routing.relay_accepted_websocket(
+                    ws.app, ws.scope, ws.receive, ws.send, owner, data
+                ):
+                    # Another worker holds the session (--workers): the connection was relayed there and is over.
+                    session.advance(SessionState.CLOSED)
+                    relayed = True
+                    return
+                await session.handle_text(data)
+                if session.successor is not None:
+                    # session.resume: this connection now belongs to the resumed session.
+                    session = session.successor
     finally:
         if relayed:
             # The relay sent the owner's close; no session was opened here.

@@ -28,6 +28,7 @@ import msgspec
 from livekit_omni.sessions.audio import Encoding as Encoding
 from livekit_omni.sessions.audio import WireFormat as WireFormat
 from livekit_omni.sessions.audio import decode_audio as decode_audio
+from livekit_omni.sessions.codec import WireCodec
 from livekit_omni.sessions.errors import INVALID_REQUEST as INVALID_REQUEST
 from livekit_omni.sessions.errors import SERVER_ERROR as SERVER_ERROR
 from livekit_omni.sessions.errors import WireError as WireError
@@ -786,3 +787,9 @@ def decode_server_event(raw: str | bytes) -> ServerEvent:
     if not isinstance(msgspec.json.decode(raw), dict):
         raise msgspec.DecodeError("the frame is JSON but not an object")
     raise UnknownServerEvent(str(failure))
+
+
+#: The Live dialect's codec for the session core (livekit_omni.sessions.base).
+CODEC: Final[WireCodec[ClientCommand, ServerEvent]] = WireCodec(
+    decode_command, encode, event_type, error_event, Error
+)

@@ -18,8 +18,8 @@ from starlette.responses import Response
 from starlette.websockets import WebSocket
 
 from livekit_omni.realtime import wire
-from livekit_omni.realtime.client_secrets import error_response
 from livekit_omni.realtime.session import RealtimeSession
+from livekit_omni.sessions.errors import error_response
 from livekit_omni.sessions.hub import SessionHub, hub_of
 from livekit_omni.sessions.transport import CLOSE_NORMAL, CLOSE_TRY_AGAIN
 from livekit_omni.sessions.webrtc import DataChannelTransport

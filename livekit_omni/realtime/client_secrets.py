@@ -22,6 +22,7 @@ from livekit_omni import worker_ids
 from livekit_omni.auth import EPHEMERAL_KEY_PREFIX as PREFIX
 from livekit_omni.realtime import wire
 from livekit_omni.realtime.config import RealtimeConfig
+from livekit_omni.sessions.errors import error_response
 
 DEFAULT_TTL_S: Final = 600
 MIN_TTL_S: Final = 10
@@ -93,11 +94,6 @@ def keys_of(app: Any) -> EphemeralKeys:
         keys = EphemeralKeys()
         app.state.realtime_client_secrets = keys
     return keys
-
-
-def error_response(status: int, code: str, message: str, *, type: str = wire.INVALID_REQUEST) -> JSONResponse:
-    """OpenAI's error body (agents-js shows ``error.message``; the SDK raises on the status)."""
-    return JSONResponse({"error": {"type": type, "code": code, "message": message, "param": None}}, status)
 
 
 async def create_client_secret(request: Request) -> Response:

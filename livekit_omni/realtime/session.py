@@ -41,7 +41,7 @@ from livekit_omni.realtime.items import ConversationItems, ItemRecord, engine_te
 from livekit_omni.realtime.responses import ResponseLog, ResponseRecord, keep_engine_text, response_wire
 from livekit_omni.sessions.audio import decode_audio
 from livekit_omni.sessions.base import ENGINE_REQUEST_TIMEOUT_S, DialectSession
-from livekit_omni.sessions.errors import INVALID_REQUEST, WireError
+from livekit_omni.sessions.errors import WireError
 from livekit_omni.sessions.hub import SessionHub
 from livekit_omni.sessions.state import SessionState
 from livekit_omni.sessions.transport import Transport
@@ -69,7 +69,7 @@ class RealtimeSession(DialectSession[wire.ClientEvent, wire.ServerEvent]):
     id_prefix = "sess_"
 
     def __init__(self, hub: SessionHub, transport: Transport, *, model: str | None = None) -> None:
-        super().__init__(hub, transport)
+        super().__init__(hub, transport, wire.CODEC)
         self.config = RealtimeConfig(model=model or self.settings.model_name)
         self.expires_at = int(time.time() + self.settings.limits.session_lifetime_s)
         self.player: EgressPlayer | None = None
@@ -100,33 +100,7 @@ class RealtimeSession(DialectSession[wire.ClientEvent, wire.ServerEvent]):
         self._idle_deadline: float | None = None
         self._idle_from_ms = 0.0
 
-    # --- the dialect's wire -----------------------------------------------------------------------------------
-    def decode(self, raw: str | bytes) -> wire.ClientEvent:
-        return wire.decode_client_event(raw)
-
-    def encode(self, ev: wire.ServerEvent) -> bytes:
-        return wire.encode(ev)
-
-    def event_type(self, ev: wire.ServerEvent | wire.ClientEvent) -> str:
-        return wire.event_type(ev)
-
-    def error_event(
-        self,
-        code: str,
-        message: str,
-        *,
-        type: str = INVALID_REQUEST,
-        param: str | None = None,
-        client_event_id: str | None = None,
-    ) -> wire.ServerEvent:
-        return wire.error_event(code, message, type=type, param=param, client_event_id=client_event_id)
-
-    def error_code(self, ev: wire.ServerEvent) -> str | None:
-        return ev.error.code if isinstance(ev, wire.Error) else None
-
-    def client_event_id(self, cmd: wire.ClientEvent) -> str | None:
-        return cmd.event_id
-
+    # --- the dialect's wire --------------------------------------------------------------------------------
     @property
     def metrics_label(self) -> str:
         return "realtime"

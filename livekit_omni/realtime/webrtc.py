@@ -27,7 +27,7 @@ or the server is draining.
 from __future__ import annotations
 
 import logging
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 from starlette.datastructures import UploadFile
@@ -37,20 +37,13 @@ from starlette.types import Message
 
 from livekit_omni.auth import EPHEMERAL_KEY_PREFIX as EPHEMERAL_PREFIX
 from livekit_omni.auth import bearer_token, key_is_valid
-from livekit_omni.drain import DRAINING_CODE, DRAINING_MESSAGE, Drain
 from livekit_omni.realtime import wire
 from livekit_omni.realtime.calls import CallTransport
-from livekit_omni.realtime.client_secrets import error_response, keys_of
+from livekit_omni.realtime.client_secrets import keys_of
 from livekit_omni.realtime.session import RealtimeSession
-from livekit_omni.sessions.hub import hub_of
+from livekit_omni.sessions import webrtc as signalling
+from livekit_omni.sessions.hub import SessionHub
 from livekit_omni.sessions.transport import CLOSE_TRY_AGAIN
-from livekit_omni.sessions.webrtc import (
-    BODY_SLACK_BYTES,
-    DataChannelTransport,
-    answer_with_settings,
-    connect_deadline,
-    read_body,
-)
 from media.webrtc import SdpError, check_offer
 
 log = logging.getLogger(__name__)
@@ -106,103 +99,61 @@ async def _parse_offer(request: Request, body: bytes) -> tuple[str, wire.Session
 
 
 async def create_call(request: Request) -> Response:
-    hub = hub_of(request.app)
-    settings = hub.settings
-    drain: Drain = request.app.state.drain
-    if not drain.admitting:
-        hub.metrics.rejected_sessions.labels(reason=DRAINING_CODE).inc()
-        return error_response(503, DRAINING_CODE, DRAINING_MESSAGE, type=wire.SERVER_ERROR)
+    return await signalling.answer_offer_request(request, _create)
 
+
+async def _create(request: Request, hub: SessionHub) -> Response:
+    signalling.refuse_if_draining(hub)
     # Auth: the app's middleware lets ephemeral keys through to here (only this route can spend one).
     token = bearer_token(request.headers)
     ephemeral = keys_of(request.app).redeem(token) if token.startswith(EPHEMERAL_PREFIX) else None
-    if ephemeral is None and not key_is_valid(settings, token):
+    if ephemeral is None and not key_is_valid(hub.settings, token):
         hub.metrics.rejected_sessions.labels(reason="invalid_api_key").inc()
-        return error_response(401, "invalid_api_key", "missing, invalid, expired or spent API key")
-
-    max_sdp = settings.limits.max_sdp_bytes
-    body = await read_body(request, max_sdp + BODY_SLACK_BYTES)
-    if body is None:
-        return error_response(
-            400, "request_too_large", f"the body is limited to {max_sdp + BODY_SLACK_BYTES} bytes"
-        )
+        raise signalling.OfferRefused(401, "invalid_api_key", "missing, invalid, expired or spent API key")
+    body = await signalling.read_offer(request, hub)
     try:
         sdp, session_cfg = await _parse_offer(request, body)
     except _BadRequest as e:
-        return error_response(400, e.code, e.message)
-    if len(sdp.encode()) > max_sdp:
-        return error_response(400, "sdp_too_large", f"the SDP offer is limited to {max_sdp} bytes")
+        raise signalling.OfferRefused(400, e.code, e.message) from e
+    signalling.check_sdp_size(sdp, hub)
     try:
         check_offer(sdp)  # before an engine slot is taken: a bad offer is a 400 even on a full engine
     except SdpError as e:
-        return error_response(400, "invalid_sdp", str(e))
+        raise signalling.OfferRefused(400, "invalid_sdp", str(e)) from e
 
-    channel = DataChannelTransport()
+    channel = signalling.DataChannelTransport()
     session = RealtimeSession(hub, CallTransport(channel))
     try:
         for update in (ephemeral.session if ephemeral is not None else None, session_cfg):
             if update is not None:
                 session.config = session.config.apply(update)
     except wire.WireError as e:
-        return error_response(400, e.code, e.message)
+        raise signalling.OfferRefused(400, e.code, e.message) from e
 
     def on_stalled() -> None:
         session.spawn(session.end(code=CLOSE_TRY_AGAIN, reason="client_not_reading"))
 
     channel.on_stalled = on_stalled
-    if not drain.admitting:  # the drain began while the body was read
-        hub.metrics.rejected_sessions.labels(reason=DRAINING_CODE).inc()
-        return error_response(503, DRAINING_CODE, DRAINING_MESSAGE, type=wire.SERVER_ERROR)
+    signalling.refuse_if_draining(hub)  # the drain began while the body was read
     try:
         await session.ensure_engine()
     except wire.WireError as e:
         await session.transport_closed()
-        return error_response(_OPEN_STATUS.get(e.code, 500), e.code, e.message, type=e.type)
-    assert session.bridge is not None
+        raise signalling.OfferRefused(_OPEN_STATUS.get(e.code, 500), e.code, e.message, type=e.type) from e
 
     async def on_state(state: str) -> None:
         if state in ("failed", "closed"):
             await session.transport_closed()
 
-    def on_input_frame(frame: Any) -> None:
-        hub.metrics.audio_in_seconds.inc(frame.samples / frame.sample_rate)
-
-    def on_datachannel_error(code: str, message: str) -> None:
-        session.emit(wire.error_event(code, message))
-
-    try:
-        peer = await answer_with_settings(
-            settings,
-            sdp,
-            session.bridge,
-            on_datachannel_message=session.handle_text,
-            on_connection_state=on_state,
-            on_output_frame=session.on_frame,
-            on_input_frame=on_input_frame,
-            on_datachannel_error=on_datachannel_error,
-        )
-    except SdpError as e:
-        await session.transport_closed()
-        return error_response(400, "invalid_sdp", str(e))
-    except Exception as e:
-        log.exception("realtime call: answering the offer failed")
-        await session.transport_closed()
-        return error_response(
-            500, "internal_error", f"could not answer the offer: {e}", type=wire.SERVER_ERROR
-        )
+    peer = await signalling.answer_call(
+        session, sdp, on_connection_state=on_state, on_output_frame=session.on_frame
+    )
     channel.peer = peer
     session.player = peer.player
     session.attach_peer(peer)  # manual mode: the track's audio waits for input_audio_buffer.commit
     # Queued by the peer until the client's data channel opens, then sent first.
     session.start()
-    session.spawn(
-        connect_deadline(
-            peer,
-            settings.limits.webrtc_connect_timeout_s,
-            session.id,
-            lambda: session.end(code=CLOSE_TRY_AGAIN, reason="not_connected"),
-        )
-    )
+    signalling.watch_connect(session, peer, lambda: session.end(code=CLOSE_TRY_AGAIN, reason="not_connected"))
     log.info("realtime call %s: codec %s", session.id, peer.codec)
     return Response(
         peer.answer_sdp,

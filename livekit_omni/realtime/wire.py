@@ -21,6 +21,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from livekit_omni.sessions.codec import WireCodec
 from livekit_omni.sessions.errors import INVALID_REQUEST as INVALID_REQUEST
 from livekit_omni.sessions.errors import SERVER_ERROR as SERVER_ERROR
 from livekit_omni.sessions.errors import WireError as WireError
@@ -593,3 +594,9 @@ def event_type(ev: ServerEvent | ClientEvent) -> str:
     tag = ev.__struct_config__.tag
     assert isinstance(tag, str)
     return tag
+
+
+#: The Live dialect's codec for the session core (livekit_omni.sessions.base).
+CODEC: Final[WireCodec[ClientEvent, ServerEvent]] = WireCodec(
+    decode_client_event, encode, event_type, error_event, Error
+)

@@ -27,14 +27,15 @@ import secrets
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic
 
 from engine_bridge import protocol as p
 from engine_bridge.client import EngineSession
 from engine_bridge.control import ControlError, EngineLostError, EngineRequestError
 from livekit_omni import worker_ids
 from livekit_omni.sessions.backpressure import InputBudget, InputVerdict
-from livekit_omni.sessions.errors import INVALID_REQUEST, SERVER_ERROR, WireError
+from livekit_omni.sessions.codec import Command, Event, WireCodec
+from livekit_omni.sessions.errors import SERVER_ERROR, WireError
 from livekit_omni.sessions.eventlog import event_log
 from livekit_omni.sessions.hub import TRY_AGAIN_CODES, SessionHub
 from livekit_omni.sessions.state import TRANSITIONS, IllegalTransition, SessionState
@@ -51,11 +52,6 @@ ENGINE_REQUEST_TIMEOUT_S: Final = 5.0
 #: Engine failures of a single command: reported, not fatal (the engine-event pump ends the session if it is gone).
 ENGINE_COMMAND_ERRORS: Final = (EngineLostError, EngineRequestError, ControlError, TimeoutError)
 
-#: A client command, as the dialect's wire module decodes it.
-Command = TypeVar("Command")
-#: A server event, as the dialect's wire module encodes it.
-Event = TypeVar("Event")
-
 
 class DialectSession(ABC, Generic[Command, Event]):
     """One session of one dialect over one transport. See the module docstring."""
@@ -65,7 +61,9 @@ class DialectSession(ABC, Generic[Command, Event]):
     #: Its session ids start with this (``live_``, ``sess_``).
     id_prefix: ClassVar[str]
 
-    def __init__(self, hub: SessionHub, transport: Transport) -> None:
+    def __init__(self, hub: SessionHub, transport: Transport, codec: WireCodec[Command, Event]) -> None:
+        #: The dialect's wire: decoding, encoding and its error event.
+        self.codec = codec
         self.hub = hub
         self.transport = transport
         self.settings = hub.settings
@@ -92,37 +90,6 @@ class DialectSession(ABC, Generic[Command, Event]):
         self._fatal: p.SessionError | None = None
 
     # --- the dialect's part -----------------------------------------------------------------------------------
-    @abstractmethod
-    def decode(self, raw: str | bytes) -> Command:
-        """One client message -> its command; raises :class:`WireError` naming what is wrong."""
-
-    @abstractmethod
-    def encode(self, ev: Event) -> bytes:
-        """One server event -> the JSON text of its frame."""
-
-    @abstractmethod
-    def event_type(self, ev: Event | Command) -> str:
-        """The ``type`` of an event or command."""
-
-    @abstractmethod
-    def error_event(
-        self,
-        code: str,
-        message: str,
-        *,
-        type: str = INVALID_REQUEST,
-        param: str | None = None,
-        client_event_id: str | None = None,
-    ) -> Event:
-        """The dialect's ``error`` event."""
-
-    @abstractmethod
-    def error_code(self, ev: Event) -> str | None:
-        """``error.code`` when ``ev`` is an ``error`` event (counted in the errors metric), else None."""
-
-    @abstractmethod
-    def client_event_id(self, cmd: Command) -> str | None: ...
-
     @abstractmethod
     async def receive(self, cmd: Command) -> None:
         """Carry out one decoded client command (the dialect's dispatch). Raise :class:`WireError` to refuse it."""
@@ -180,13 +147,13 @@ class DialectSession(ABC, Generic[Command, Event]):
         """Send one server event: filtered by the allowed events, held to ``max_outbound_bytes``, counted."""
         if self._state is SessionState.CLOSED:
             return
-        etype = self.event_type(ev)
+        etype = self.codec.event_type(ev)
         if self.allowed_server_events is not None and etype not in self.allowed_server_events:
             return
-        data = self.encode(ev)
+        data = self.codec.encode(ev)
         if len(data) > self.settings.limits.max_outbound_bytes:
             data = self._shrink(ev, etype)
-        code = self.error_code(ev)
+        code = self.codec.error_code(ev)
         if code:
             self.metrics.errors.labels(code=code).inc()
         self.send_frame(data)
@@ -200,7 +167,7 @@ class DialectSession(ABC, Generic[Command, Event]):
 
     def emit_error(self, e: WireError, client_event_id: str | None = None) -> None:
         self.emit(
-            self.error_event(
+            self.codec.error_event(
                 e.code,
                 e.message,
                 type=e.type,
@@ -214,14 +181,14 @@ class DialectSession(ABC, Generic[Command, Event]):
         that is still too large (or there is none) an ``event_too_large`` error in its place."""
         limit = self.settings.limits.max_outbound_bytes
         slim = self.slim(ev)
-        data = self.encode(slim) if slim is not None else b""
+        data = self.codec.encode(slim) if slim is not None else b""
         if slim is None or len(data) > limit:
             log.error(
                 "session %s: dropped a %s event (over the outbound limit of %d bytes)", self.id, etype, limit
             )
             self.hub.losses["events_too_large"] += 1
-            data = self.encode(
-                self.error_event(
+            data = self.codec.encode(
+                self.codec.error_event(
                     "event_too_large", f"a {etype} event was too large to send", type=SERVER_ERROR
                 )
             )
@@ -233,15 +200,15 @@ class DialectSession(ABC, Generic[Command, Event]):
         if self._state.ending:
             return
         try:
-            cmd = self.decode(raw)
+            cmd = self.codec.decode(raw)
         except WireError as e:
             self.emit_error(e)
             return
-        cid = self.client_event_id(cmd)
-        ctype = self.event_type(cmd)
+        cid = self.codec.client_event_id(cmd)
+        ctype = self.codec.event_type(cmd)
         if self.allowed_client_events is not None and ctype not in self.allowed_client_events:
             self.emit(
-                self.error_event(
+                self.codec.error_event(
                     "event_not_allowed",
                     f"{ctype} is not allowed on this data channel (session.client.data_channel)",
                     param="type",
@@ -260,7 +227,7 @@ class DialectSession(ABC, Generic[Command, Event]):
                 )
         except ENGINE_COMMAND_ERRORS as e:
             self.emit(
-                self.error_event(
+                self.codec.error_event(
                     "engine_error",
                     f"the engine did not complete {ctype}: {e}",
                     type=SERVER_ERROR,
@@ -281,7 +248,7 @@ class DialectSession(ABC, Generic[Command, Event]):
         over it is told once, and ended if it goes on)."""
         verdict = self._budget.admit(seconds, time.monotonic())
         if verdict is InputVerdict.DROP_AND_WARN:
-            self.emit(self.error_event("input_backpressure", self._budget.message()))
+            self.emit(self.codec.error_event("input_backpressure", self._budget.message()))
         elif verdict is InputVerdict.CLOSE:
             self.on_backpressure_close()
         return verdict is InputVerdict.ADMIT
@@ -324,7 +291,7 @@ class DialectSession(ABC, Generic[Command, Event]):
                 self._fatal = ev  # the engine closes the session next; the close reports it
                 return
             case p.SessionError():
-                self.emit(self.error_event(ev.code, ev.message, type=SERVER_ERROR))
+                self.emit(self.codec.error_event(ev.code, ev.message, type=SERVER_ERROR))
                 return
             case p.BargeIn():
                 self.metrics.barge_ins.inc()
@@ -394,7 +361,9 @@ class DialectSession(ABC, Generic[Command, Event]):
 
     async def abort(self, code: str, message: str, *, close_code: int) -> None:
         """End the session with an ``error`` (type ``server_error``) and close ``close_code``."""
-        await self.end(code=close_code, reason=code, error=self.error_event(code, message, type=SERVER_ERROR))
+        await self.end(
+            code=close_code, reason=code, error=self.codec.error_event(code, message, type=SERVER_ERROR)
+        )
 
     async def transport_closed(self) -> None:
         """The client went away (socket closed, peer failed): release everything, send nothing."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from starlette.responses import JSONResponse
+
 #: ``error.type`` of a refusal caused by the client's command.
 INVALID_REQUEST: Final = "invalid_request_error"
 #: ``error.type`` of a failure on the server's side (engine full or gone, an internal error).
@@ -37,3 +39,9 @@ class WireError(Exception):
 def invalid_api_key() -> WireError:
     """The refusal of a connection without a valid key (every dialect's socket; final for LiveKit and the SDK)."""
     return WireError("invalid_api_key", "missing or invalid API key (send Authorization: Bearer <key>)")
+
+
+def error_response(status: int, code: str, message: str, *, type: str = INVALID_REQUEST) -> JSONResponse:
+    """A refused HTTP request (a WebRTC offer, a client secret), in OpenAI's error body (agents-js shows
+    ``error.message``; the SDK raises on the status)."""
+    return JSONResponse({"error": {"type": type, "code": code, "message": message, "param": None}}, status)

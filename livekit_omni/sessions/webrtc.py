@@ -1,5 +1,9 @@
-"""WebRTC pieces both dialects' calls share: the data-channel transport, the bounded body reader, the answer with the
-server's ICE settings, and the connect deadline (the media itself is :mod:`media.webrtc`)."""
+"""WebRTC calls, whatever the dialect: the data-channel transport, reading and checking the offer, answering it for a
+session with the server's ICE settings, and the connect deadline (the media itself is :mod:`media.webrtc`).
+
+A dialect's offer route reads the body (:func:`read_offer`), builds its session and opens its engine session, then
+:func:`answer_call` answers the offer with the session's callbacks and :func:`watch_connect` ends a session whose
+peer never connects. Refusals are :class:`OfferRefused`, answered as OpenAI's error body."""
 
 from __future__ import annotations
 
@@ -11,10 +15,16 @@ from typing import Any, Final
 
 from aiortc import RTCIceServer
 from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
+from livekit_omni.drain import DRAINING_CODE, DRAINING_MESSAGE
+from livekit_omni.sessions.base import DialectSession
+from livekit_omni.sessions.errors import INVALID_REQUEST, SERVER_ERROR, error_response
+from livekit_omni.sessions.hub import SessionHub, hub_of
 from livekit_omni.settings import Settings
 from media.bridge import SessionBridge
-from media.webrtc import MAX_DATACHANNEL_BUFFERED, WebRTCPeer, answer_offer
+from media.egress import OutputFrame
+from media.webrtc import MAX_DATACHANNEL_BUFFERED, SdpError, WebRTCPeer, answer_offer
 
 log = logging.getLogger(__name__)
 
@@ -118,3 +128,101 @@ def ice_servers(servers: list[dict[str, Any]]) -> list[RTCIceServer]:
             RTCIceServer(urls=s.get("urls", []), username=s.get("username"), credential=s.get("credential"))
         )
     return out
+
+
+class OfferRefused(Exception):
+    """A WebRTC offer the server will not answer: the HTTP status and the error body's fields."""
+
+    def __init__(self, status: int, code: str, message: str, *, type: str = INVALID_REQUEST) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.type = status, code, message, type
+
+    def response(self) -> JSONResponse:
+        return error_response(self.status, self.code, self.message, type=self.type)
+
+
+def refuse_if_draining(hub: SessionHub) -> None:
+    """A draining server answers no new call (503: the client tries again, elsewhere)."""
+    if not hub.admitting:
+        hub.metrics.rejected_sessions.labels(reason=DRAINING_CODE).inc()
+        raise OfferRefused(503, DRAINING_CODE, DRAINING_MESSAGE, type=SERVER_ERROR)
+
+
+async def read_offer(request: Request, hub: SessionHub) -> bytes:
+    """The body of an offer request, within the SDP limit and its slack (a draining server reads none)."""
+    refuse_if_draining(hub)
+    limit = hub.settings.limits.max_sdp_bytes + BODY_SLACK_BYTES
+    body = await read_body(request, limit)
+    if body is None:
+        raise OfferRefused(400, "request_too_large", f"the request body is limited to {limit} bytes")
+    return body
+
+
+def check_sdp_size(sdp: str, hub: SessionHub) -> None:
+    max_sdp = hub.settings.limits.max_sdp_bytes
+    if len(sdp.encode()) > max_sdp:
+        raise OfferRefused(400, "sdp_too_large", f"the SDP offer is limited to {max_sdp} bytes")
+
+
+async def answer_call(
+    session: DialectSession[Any, Any],
+    sdp: str,
+    *,
+    on_connection_state: Callable[[str], Awaitable[None]],
+    on_output_frame: Callable[[OutputFrame], None],
+    on_input_frame: Callable[[], None] | None = None,
+    end_on_failure: bool = True,
+) -> WebRTCPeer:
+    """Answer ``sdp`` for ``session``'s engine session (open): its data channel carries the session's events, the
+    track its audio. A bad offer is refused (400), as is a failure to answer (500); the session then ends unless
+    ``end_on_failure`` is False (a resume's offer: the session stays detached)."""
+    assert session.bridge is not None
+    metrics = session.metrics
+
+    def input_frame(frame: Any) -> None:
+        metrics.audio_in_seconds.inc(frame.samples / frame.sample_rate)
+        if on_input_frame is not None:
+            on_input_frame()
+
+    def datachannel_error(code: str, message: str) -> None:
+        session.emit(session.codec.error_event(code, message))
+
+    try:
+        return await answer_with_settings(
+            session.settings,
+            sdp,
+            session.bridge,
+            on_datachannel_message=session.handle_text,
+            on_connection_state=on_connection_state,
+            on_output_frame=on_output_frame,
+            on_input_frame=input_frame,
+            on_datachannel_error=datachannel_error,
+        )
+    except SdpError as e:
+        if end_on_failure:
+            await session.transport_closed()
+        raise OfferRefused(400, "invalid_sdp", str(e)) from e
+    except Exception as e:
+        log.exception("%s session %s: answering the offer failed", session.dialect, session.id)
+        if end_on_failure:
+            await session.transport_closed()
+        raise OfferRefused(
+            500, "internal_error", f"could not answer the offer: {e}", type=SERVER_ERROR
+        ) from e
+
+
+def watch_connect(
+    session: DialectSession[Any, Any], peer: WebRTCPeer, end: Callable[[], Awaitable[None]]
+) -> None:
+    """``end`` the session if its peer has not connected within ``webrtc_connect_timeout_s``."""
+    session.spawn(connect_deadline(peer, session.settings.limits.webrtc_connect_timeout_s, session.id, end))
+
+
+async def answer_offer_request(
+    request: Request, create: Callable[[Request, SessionHub], Awaitable[Response]]
+) -> Response:
+    """Run a dialect's offer route ``create`` with the app's hub; an :class:`OfferRefused` becomes its response."""
+    try:
+        return await create(request, hub_of(request.app))
+    except OfferRefused as e:
+        return e.response()

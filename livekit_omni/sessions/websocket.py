@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Final
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any, Final
 
 from starlette.websockets import WebSocket
 
@@ -112,6 +112,19 @@ class WebSocketTransport:
                 self.ws.close(CLOSE_TRY_AGAIN, "client_not_reading"), UNREAD_CLOSE_TIMEOUT_S
             )
 
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Around a read loop: when the client stops reading, the transport cancels the loop's task (see
+        :meth:`send`); that cancellation ends the loop normally, so its cleanup runs. Any other one goes on."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            if not self.aborted:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+
     async def wait_closed(self) -> None:
         """Until the close of a client dropped for not reading has gone out or timed out (the connection ends when
         the handler returns, so it must not return before)."""
@@ -131,26 +144,28 @@ async def receive_messages(
     """Hand each message of ``ws`` to ``handle`` until the client disconnects or the transport closes; a message
     over ``limit`` bytes goes to ``on_too_large`` (with the text of its error) instead. A client that stopped reading
     (the transport cancels this task then) ends it normally."""
-    try:
+    with transport.reading():
         while not transport.closed:
             msg = await ws.receive()
             if msg["type"] == "websocket.disconnect":
                 return
-            text = msg.get("text")
-            data: str | bytes = text if text is not None else (msg.get("bytes") or b"")
-            if too_large(data, limit):
-                on_too_large(f"a message may hold at most {limit} bytes; this one was dropped")
+            data = payload(msg)
+            if (refusal := oversize(data, limit)) is not None:
+                on_too_large(refusal)
                 continue
             await handle(data)
-    except asyncio.CancelledError:
-        if not transport.aborted:
-            raise
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
 
 
-def too_large(data: str | bytes, limit: int) -> bool:
-    """Over ``limit`` bytes (a text frame is measured in UTF-8, encoded only when its length leaves it in doubt)."""
+def payload(msg: Mapping[str, Any]) -> str | bytes:
+    """What a received frame holds: its text, or its bytes."""
+    text = msg.get("text")
+    return text if text is not None else (msg.get("bytes") or b"")
+
+
+def oversize(data: str | bytes, limit: int) -> str | None:
+    """The refusal's text for a message over ``limit`` bytes (a text frame is measured in UTF-8, encoded only when
+    its length leaves it in doubt), or None when it fits."""
     n = len(data)
-    return n > limit or (isinstance(data, str) and n * 4 > limit and len(data.encode()) > limit)
+    if n > limit or (isinstance(data, str) and n * 4 > limit and len(data.encode()) > limit):
+        return f"a message may hold at most {limit} bytes; this one was dropped"
+    return None
