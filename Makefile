@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: serve test bench lint install system-deps clean
+.PHONY: serve test test-fast bench lint install system-deps clean
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "Python 3.11 ($(PY)) is required"; exit 1; }
@@ -65,6 +65,10 @@ serve: install
 
 test: install system-deps
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+
+# The inner loop (docs/development.md, Test tiers): no real models, no browser, so no Chromium either.
+test-fast: install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -m "not models and not browser" $(PYTEST_ARGS)
 
 bench: install
 	@set -e; for b in benchmarks/*.py; do echo "=== $$b"; HF_HUB_OFFLINE=1 $(BIN)/python $$b; done

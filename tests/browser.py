@@ -37,6 +37,7 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
 
+from tests.conftest import require_mark
 from tests.speech_fixtures import synthesize_speech, write_wav
 
 CHROMIUM_PATHS = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
@@ -151,6 +152,7 @@ def launch_chromium(
     """A fresh headless Chromium (its own profile) driven by selenium; always quit, its profile removed.
 
     The chromedriver log and the page's console go to ``log_dir`` when it ends."""
+    require_mark("browser", "starts Chromium")
     chromium, chromedriver = find_chromium()
     log_dir.mkdir(parents=True, exist_ok=True)
     user_data_dir = tempfile.mkdtemp(prefix="lko-chromium-")

@@ -41,6 +41,32 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             path.write_text("")
 
 
+#: Adapters whose engine loads the real models (whisper, SmolLM2, Piper). The engine's default is the cascade.
+MODEL_ADAPTERS = frozenset({"cascade"})
+_running: pytest.Item | None = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Before the item's fixtures are set up, so that require_mark also sees which test a module fixture serves.
+    global _running
+    _running = item
+
+
+def require_mark(marker: str, what: str) -> None:
+    """Fail the running test if it lacks ``marker``: `make test-fast` deselects the ``models`` and ``browser``
+    marks, and an unmarked test that loads models or starts Chromium would quietly slow that tier down (and fail
+    where Chromium is not installed). The marks are explicit; this catches a forgotten one (docs/development.md,
+    Test tiers)."""
+    item = _running
+    if item is not None and item.get_closest_marker(marker) is None:
+        pytest.fail(
+            f"{item.nodeid} {what} but is not marked {marker!r}: add `pytestmark = pytest.mark.{marker}` to its "
+            f"module or `@pytest.mark.{marker}` to the test",
+            pytrace=False,
+        )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -107,6 +133,8 @@ def start_server(
     ready_timeout: float = 240.0,
 ) -> ServerProcess:
     """Start a real ``livekit-omni serve`` process on a free port and wait for /health to say ready."""
+    if adapter in MODEL_ADAPTERS:
+        require_mark("models", f"starts a server on the {adapter!r} adapter")
     port = free_port()
     tmp = Path(tempfile.mkdtemp(prefix="lko-test-"))
     sock = str(tmp / "engine.sock")
@@ -177,6 +205,9 @@ class EngineProcess:
 
 def spawn_engine(**settings: object) -> EngineProcess:
     """A real engine process (``python -m engine_bridge.engine``) on a fresh Unix socket."""
+    adapter = str(settings.get("adapter", "cascade"))
+    if adapter in MODEL_ADAPTERS:
+        require_mark("models", f"starts an engine on the {adapter!r} adapter")
     sock = str(Path(tempfile.mkdtemp(prefix="lko-eng-")) / "engine.sock")
     cfg = {"address": "unix:" + sock, **settings}
     log_path = ROOT / "test-output" / f"engine-{Path(sock).parent.name}.log"

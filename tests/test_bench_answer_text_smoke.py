@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "answer_text.py"
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.models
 
 
 def test_answer_text_quick_reports_each_set() -> None:

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "asr_window.py"
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.models
 
 
 def test_asr_window_quick_reports_both_windows() -> None:

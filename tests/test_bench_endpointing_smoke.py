@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "endpointing.py"
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.models
 
 
 def test_endpointing_quick_sees_the_control_cut_and_the_baseline_whole() -> None:

@@ -13,6 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# The real SmolLM2-135M (and a 1B random Llama) through the torch thinker.
+pytestmark = pytest.mark.models
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 

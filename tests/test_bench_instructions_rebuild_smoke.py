@@ -9,6 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# The real SmolLM2-135M.
+pytestmark = pytest.mark.models
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "instructions_rebuild.py"
 

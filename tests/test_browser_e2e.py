@@ -37,7 +37,7 @@ from tests.browser import launch_chromium, page_call, pull_capture, wait_until, 
 from tests.conftest import ServerProcess, start_server
 from tests.speech_fixtures import write_wav
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.models, pytest.mark.browser]
 
 API_KEY = "sk-browser-test"
 #: aiortc ends a call whose peer stopped answering consent checks after about this long.

@@ -422,19 +422,19 @@ async def _sdk_round_trip(server: ServerProcess) -> None:
     assert eng["text_requests_active"] == 0 and eng["text_requests"] == 0, eng
 
 
-@pytest.mark.slow
+@pytest.mark.models
 async def test_openai_sdk_on_the_torch_thinker(torch_server: ServerProcess) -> None:
     await _sdk_round_trip(torch_server)
 
 
-@pytest.mark.slow
+@pytest.mark.models
 async def test_openai_sdk_on_the_vllm_thinker(vllm_server: ServerProcess) -> None:
     await _sdk_round_trip(vllm_server)
     info = _health(vllm_server)["thinker"]
     assert info["backend"] == "vllm", info
 
 
-@pytest.mark.slow
+@pytest.mark.models
 def test_models_lists_the_thinker_with_its_context(torch_server: ServerProcess) -> None:
     r = httpx.get(torch_server.url + "/v1/models", headers=_headers(), timeout=10)
     ids = {m["id"]: m for m in r.json()["data"]}
@@ -442,7 +442,7 @@ def test_models_lists_the_thinker_with_its_context(torch_server: ServerProcess) 
     assert thinker["max_model_len"] == 2048 and thinker["backend"] == "torch", thinker
 
 
-@pytest.mark.slow
+@pytest.mark.models
 def test_sampling_options_are_honoured(torch_server: ServerProcess) -> None:
     base = {
         "model": "m",
@@ -475,7 +475,7 @@ def test_sampling_options_are_honoured(torch_server: ServerProcess) -> None:
     assert cut["choices"][0]["message"]["content"] == greedy[: greedy.index(stop)], (greedy, cut)
 
 
-@pytest.mark.slow
+@pytest.mark.models
 def test_a_prompt_longer_than_the_context_is_a_400_context_length_exceeded(
     torch_server: ServerProcess,
 ) -> None:
@@ -486,7 +486,7 @@ def test_a_prompt_longer_than_the_context_is_a_400_context_length_exceeded(
     assert err["param"] == "messages" and "2048" in err["message"]
 
 
-@pytest.mark.slow
+@pytest.mark.models
 async def test_a_client_that_disconnects_mid_request_leaves_no_request_behind(
     torch_server: ServerProcess,
 ) -> None:
@@ -533,7 +533,7 @@ async def test_a_client_that_disconnects_mid_request_leaves_no_request_behind(
     assert eng["text_requests_aborted"] == aborted_before + 2, eng
 
 
-@pytest.mark.slow
+@pytest.mark.models
 async def test_livekit_openai_llm_streams_an_answer(torch_server: ServerProcess) -> None:
     model = lk_openai.LLM(
         model="anything", base_url=torch_server.url + "/v1", api_key=API_KEY, temperature=0.0
@@ -553,7 +553,7 @@ async def test_livekit_openai_llm_streams_an_answer(torch_server: ServerProcess)
     await model.aclose()
 
 
-@pytest.mark.slow
+@pytest.mark.models
 async def test_an_agent_session_with_it_as_llm_answers_a_text_input(torch_server: ServerProcess) -> None:
     model = lk_openai.LLM(
         model="anything", base_url=torch_server.url + "/v1", api_key=API_KEY, temperature=0.0
@@ -567,7 +567,7 @@ async def test_an_agent_session_with_it_as_llm_answers_a_text_input(torch_server
     await model.aclose()
 
 
-@pytest.mark.slow
+@pytest.mark.models
 async def test_a_hundred_concurrent_requests_over_budget_get_429s_while_a_live_call_answers(
     torch_server: ServerProcess,
 ) -> None:

@@ -22,7 +22,7 @@ from tests.conftest import connect_engine, spawn_engine
 from tests.engine_driver import SessionDriver
 from tests.speech_fixtures import noise_burst, synthesize_speech
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.models
 
 
 #: The module's engine process (the `engine` and `client` fixtures of tests/conftest.py).

@@ -12,7 +12,7 @@ from engine_bridge import protocol as p
 from engine_bridge.client import EngineClient
 from tests.conftest import connect_engine, spawn_engine
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.models
 
 
 async def use_one_session(client: EngineClient, i: int) -> None:

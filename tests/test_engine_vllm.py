@@ -15,7 +15,7 @@ from tests.engine_driver import SessionDriver
 from tests.speech_fixtures import synthesize_speech
 from tests.test_engine_cascade import ask, transcribe_reply
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.models
 
 #: A 512-token context, so that the trim test reaches it in a few turns.
 ENGINE_SETTINGS = {

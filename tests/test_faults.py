@@ -211,7 +211,7 @@ def _wait_new_engine_sync(server: ServerProcess, old_pid: int, timeout: float = 
         time.sleep(0.2)
 
 
-@pytest.mark.slow
+@pytest.mark.browser
 def test_engine_killed_during_a_browser_call(server: ServerProcess, output_dir: Path) -> None:
     """The page shows why the call ended (the engine stopped), and pressing Connect again starts a call that gets
     audio, once the supervisor has a new engine. No ring segment of the killed call is left."""

@@ -33,7 +33,7 @@ from testkit.webrtc_caller import WebRTCCaller
 from tests.conftest import ServerProcess, start_server
 from tests.speech_fixtures import synthesize_speech
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.models
 
 API_KEY = "sk-test"
 QUESTION = "What is the capital of France?"

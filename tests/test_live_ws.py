@@ -2,7 +2,7 @@
 
 One server for the module (API key ``sk-test``; small limits so the limit tests are quick). Every error path of
 the protocol gets its own test, and each checks that the session survives when the protocol says it should.
-The event log of this server feeds tests/test_zz_live_event_conformance.py.
+The event log of this server feeds tests/test_zz_event_conformance.py.
 """
 
 from __future__ import annotations

@@ -13,7 +13,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, free_port
+
+# `make serve` runs the default adapter: the cascade and its models.
+pytestmark = pytest.mark.models
 
 
 def _get(url: str) -> tuple[int, dict]:

@@ -30,7 +30,7 @@ from tests.plugin_harness import (
     words,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.models
 
 INSTRUCTIONS = "You are a helpful assistant. Answer briefly."
 

@@ -41,7 +41,7 @@ from tests.conftest import ServerProcess, start_server
 from tests.realtime_checks import ServerEventLog
 from tests.speech_fixtures import synthesize_speech
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.models
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -30,7 +30,7 @@ from tests.plugin_harness import Mic, Speaker, words
 from tests.realtime_checks import ServerEventLog
 from tests.speech_fixtures import synthesize_speech
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.models
 
 API_KEY = "sk-test"
 QUESTION = "What is the capital of France?"

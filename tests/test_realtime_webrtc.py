@@ -293,7 +293,7 @@ async def test_a_bad_offer_is_400(loopback_calls_server: ServerProcess) -> None:
 # --- spoken (embedded models) -----------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.models
 async def test_manual_mode_holds_the_track_until_commit_then_response_create_answers(
     cascade_calls_server: ServerProcess,
 ) -> None:
@@ -334,7 +334,7 @@ async def test_manual_mode_holds_the_track_until_commit_then_response_create_ans
     assert loud_seconds(caller.received_audio()[heard_before:], caller.rate) > 0.5
 
 
-@pytest.mark.slow
+@pytest.mark.models
 async def test_spoken_question_is_answered_on_the_track(cascade_calls_server: ServerProcess) -> None:
     """A question spoken on the track is heard (VAD events), answered in audio on the track (with
     ``output_audio_buffer.started`` … ``response.done`` … ``output_audio_buffer.stopped``) and transcribed in
@@ -365,7 +365,7 @@ async def test_spoken_question_is_answered_on_the_track(cascade_calls_server: Se
     assert loud_seconds(answer_pcm, caller.rate) > 0.5, "the answer was not heard on the track"
 
 
-@pytest.mark.slow
+@pytest.mark.models
 async def test_barge_in_stops_the_answer_on_the_track(cascade_calls_server: ServerProcess) -> None:
     """Speaking over a long answer cuts it: ``response.done`` cancelled/``turn_detected``, then
     ``output_audio_buffer.cleared``; the track goes quiet, and the item keeps only words that were played."""
@@ -441,7 +441,8 @@ def _loud_s(levels: list[list[float]], t_from: float, t_to: float, db: float = -
     return sum(0.02 for t, level in levels if t_from <= t < t_to and level > db)
 
 
-@pytest.mark.slow
+@pytest.mark.models
+@pytest.mark.browser
 def test_browser_page_hears_an_answer(cascade_calls_server: ServerProcess, output_dir: Path) -> None:
     """The page's standard pattern (client secret, getUserMedia, RTCPeerConnection, SDP to /v1/realtime/calls,
     oai-events) with a fake microphone asking a question: the answer arrives as events and is heard."""
@@ -479,7 +480,8 @@ def test_browser_page_hears_an_answer(cascade_calls_server: ServerProcess, outpu
     assert heard > 0.5, f"the page heard {heard:.2f} s of the answer"
 
 
-@pytest.mark.slow
+@pytest.mark.models
+@pytest.mark.browser
 def test_browser_page_barge_in_stops_the_answer(
     cascade_calls_server: ServerProcess, output_dir: Path
 ) -> None:

@@ -24,7 +24,7 @@ from engine_bridge.speech.asr import (
 from engine_bridge.speech.text import text_words, tidy_transcript
 from tests.speech_fixtures import add_noise, noise, silence, speech_bounds_ms, synthesize_speech
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.models
 
 QUESTION = "What is the capital of France?"
 

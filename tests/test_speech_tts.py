@@ -51,8 +51,7 @@ def espeak() -> Synthesizer:
 # --- synthesizers ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("which", ["piper", "espeak"])
+@pytest.mark.parametrize("which", [pytest.param("piper", marks=pytest.mark.models), "espeak"])
 def test_speech_is_audible_and_plausibly_long(which: str, request: pytest.FixtureRequest) -> None:
     synth: Synthesizer = request.getfixturevalue(which)
     assert synth.name == which and synth.sample_rate == 22_050
@@ -67,7 +66,7 @@ def test_speech_is_audible_and_plausibly_long(which: str, request: pytest.Fixtur
     assert list(synth.synthesize("")) == [] and list(synth.synthesize("   ")) == []
 
 
-@pytest.mark.slow
+@pytest.mark.models
 def test_piper_yields_one_chunk_per_sentence_and_short_clauses_are_fast(piper: Synthesizer) -> None:
     chunks = list(piper.synthesize("Hello there. How are you today? I am fine."))
     assert len(chunks) == 3
@@ -89,7 +88,7 @@ def _same_utterance(a: npt.NDArray[np.int16], b: npt.NDArray[np.int16]) -> bool:
     return abs(len(a) - len(b)) <= 0.01 * len(b) and abs(level_dbfs(a) - level_dbfs(b)) < 1.0
 
 
-@pytest.mark.slow
+@pytest.mark.models
 def test_espeak_is_consistent_across_threads_and_unaffected_by_piper(
     espeak: Synthesizer, piper: Synthesizer
 ) -> None:
@@ -170,7 +169,7 @@ def test_resampler_passthrough_and_reset() -> None:
         down.process(pcm.astype(np.float32))  # type: ignore[arg-type]
 
 
-@pytest.mark.slow
+@pytest.mark.models
 def test_piper_at_engine_output_rate(piper: Synthesizer) -> None:
     native = piper.synthesize_all(SENTENCE)
     chunks = list(resample_chunks(piper.synthesize(SENTENCE), piper.sample_rate))
@@ -201,7 +200,7 @@ def test_trim_leading_silence_keeps_a_faded_lead_before_the_onset() -> None:
     assert np.array_equal(trim_leading_silence(hiss[:10], rate), hiss[:10])
 
 
-@pytest.mark.slow
+@pytest.mark.models
 def test_piper_opening_chunk_starts_at_the_voice_onset(piper: Synthesizer) -> None:
     rate = piper.sample_rate
     win = rate // 100
@@ -227,6 +226,7 @@ def piper_noiseless() -> Synthesizer:
     return PiperSynthesizer(threads=1, noise_scale=0.0, noise_w_scale=0.0)
 
 
+@pytest.mark.models
 def test_noiseless_piper_renders_a_text_the_same_way_every_time(piper_noiseless: Synthesizer) -> None:
     # The default voice draws fresh noise per rendering (natural variation for callers); without it the
     # rendering is reproducible, which is what the test fixtures rely on.
@@ -234,7 +234,7 @@ def test_noiseless_piper_renders_a_text_the_same_way_every_time(piper_noiseless:
     assert np.array_equal(first, second)
 
 
-@pytest.mark.slow
+@pytest.mark.models
 @pytest.mark.parametrize("which", ["piper_noiseless", "espeak"])
 def test_round_trip_through_whisper(which: str, request: pytest.FixtureRequest) -> None:
     synth: Synthesizer = request.getfixturevalue(which)

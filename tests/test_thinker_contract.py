@@ -765,7 +765,7 @@ def test_engine_bridge_thinker_imports_no_media_plane() -> None:
 
 
 # ------------------------------------------------------------------------------------------- real model
-@pytest.mark.slow
+@pytest.mark.models
 def test_real_model_smoke() -> None:
     """The contract's core on SmolLM2-135M: prefill-only-new-tokens, log equivalence, batched == single."""
     cfg = TorchThinkerConfig(decoding=DecodingSettings(max_tokens=12))
@@ -842,7 +842,7 @@ def test_vllm_close_returns_blocks_to_the_pool(vllm_engine: VllmEngine) -> None:
     assert vllm_engine.free_blocks() == free_before
 
 
-@pytest.mark.slow
+@pytest.mark.models
 def test_real_model_backends_agree_with_the_spoken_decoding() -> None:
     """SmolLM2-135M with the spoken decoding (repetition penalty 1.15, two sentences): both backends answer with
     the same tokens. The penalty counts the reply's own tokens on both (vLLM's built-in penalty counts the whole

@@ -36,7 +36,7 @@ from engine_bridge.thinker.prompting import (
 )
 from engine_bridge.thinker.torch_backend import DEFAULT_DTYPE, TorchThinker, TorchThinkerConfig
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.models
 
 
 @pytest.fixture(scope="module")

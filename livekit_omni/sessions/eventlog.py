@@ -4,7 +4,7 @@ Each dialect writes its own file beside the named one, the dialect before the su
 ``/path/events.realtime.jsonl``): the two dialects validate against different models. Each line is one frame exactly
 as it was sent to the client, audio deltas included (every session sends every frame through one method,
 :meth:`livekit_omni.sessions.base.DialectSession.send_frame`, that logs it first), so the conformance test
-(tests/test_event_conformance.py) validates what crossed the wire against the openai SDK's models. Writing happens on a daemon thread behind a
+(tests/test_zz_event_conformance.py) validates what crossed the wire against the openai SDK's models. Writing happens on a daemon thread behind a
 bounded queue, so the event loop never waits on the disk; when the queue is full, lines are dropped and counted
 rather than buffered without bound.
 """
