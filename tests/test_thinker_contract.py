@@ -16,7 +16,7 @@ import math
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -94,7 +94,13 @@ def vllm_engine_own_process(tiny_folder: str) -> Iterator[VllmEngine]:
 VLLM_ENGINES = {"in-process": "vllm_engine", "own-process": "vllm_engine_own_process"}
 
 
-@pytest.fixture(params=sorted(VLLM_ENGINES))
+def _params(names: Iterable[str]) -> list[Any]:
+    """The modes, vLLM's own-process one in the full tier only (``models``: its engine core process takes a minute or
+    two to start on this CPU, and the whole contract suite runs again on it)."""
+    return [pytest.param(n, marks=pytest.mark.models) if "own-process" in n else n for n in sorted(names)]
+
+
+@pytest.fixture(params=_params(VLLM_ENGINES))
 def any_vllm_engine(request: pytest.FixtureRequest) -> VllmEngine:
     """The vLLM engine, in each of its two modes."""
     engine: VllmEngine = request.getfixturevalue(VLLM_ENGINES[request.param])
@@ -127,7 +133,7 @@ FACTORIES: dict[str, Callable[[pytest.FixtureRequest, LoadedModel], Factory]] = 
 }
 
 
-@pytest.fixture(params=sorted(FACTORIES))
+@pytest.fixture(params=_params(FACTORIES))
 def make(request: pytest.FixtureRequest, tiny: LoadedModel) -> Iterator[Factory]:
     """The backend factory; every session a test leaves open is closed after it (a parked vLLM session
     holds an engine slot)."""
