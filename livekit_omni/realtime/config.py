@@ -25,10 +25,10 @@ PCM24: Final = WireFormat("pcm16", 24_000)
 #: the sentence is finished above which a pause ends the turn) and the longest wait (ms) when it is not finished.
 #: server_vad ends turns by its silence window alone.
 EAGERNESS_END_OF_TURN: Final[dict[str, tuple[float, int]]] = {
-    "high": (0.001, 1000),
-    "medium": (0.003, 2000),
-    "auto": (0.003, 2000),
-    "low": (0.01, 4000),
+    "high": (0.004, 1000),
+    "medium": (0.01, 2000),
+    "auto": (0.01, 2000),
+    "low": (0.03, 4000),
 }
 #: interrupt_response false: a barge-in minimum no caller turn reaches, so the reply plays on.
 NO_BARGE_IN_MS: Final = 10_000_000
