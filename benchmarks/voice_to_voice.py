@@ -4,7 +4,8 @@ the answer (10 ms windows above -45 dBFS on both sides; benchmarks/_callers.py),
 * ``engine``: a real engine process driven through its rings at real time (tests/engine_driver.py, which plays
   egress the way the media plane does); no server, no network. The stage breakdown comes from the engine's turn
   records (session stats):
-  - VAD endpoint: end of speech → the turn is declared over (the ``silence_ms`` setting, 500 ms by default);
+  - VAD endpoint: end of speech → the turn is declared over (the silence it waited: the end-of-turn model's
+    verdict, or ``silence_ms``);
   - ASR final: whisper on the turn's audio (started speculatively ``speculative_ms`` into the silence);
   - thinker first clause: reply started → first speakable clause;
   - TTS first chunk: first clause → its audio queued;
@@ -118,7 +119,8 @@ async def run_engine(
                     "v2v_ms": (first - speech_end) * 1000 if first is not None else NAN,
                     "first_frame_ms": (frames[0].wall - speech_end) * 1000 if frames else NAN,
                     "lead_silence_ms": (first - frames[0].wall) * 1000 if first is not None else NAN,
-                    "endpoint_ms": engine_settings.get("turn_taking", {}).get("silence_ms", 500),
+                    # The silence the endpoint waited (the end-of-turn model decides it per turn).
+                    "endpoint_ms": rec.get("silence_ms", NAN),
                     "asr_ms": rec.get("asr_ms", NAN),
                     "thinker_first_clause_ms": rec.get("reply_start_to_first_clause_ms", NAN),
                     "tts_first_chunk_ms": rec.get("tts_first_chunk_ms", NAN),
@@ -275,7 +277,7 @@ def print_report(groups: dict[str, list[dict[str, Any]]], sums: dict[str, dict[s
         ("late_over_early_p50", "p50 second half / first half"),
         ("ms_per_turn", "trend, ms per turn (least squares)"),
         ("no_reply", "turns without an answer"),
-        ("endpoint_ms", "stage: VAD endpoint (setting)"),
+        ("endpoint_ms", "stage: VAD endpoint (measured)"),
         ("asr_ms", "stage: ASR final"),
         ("thinker_first_clause_ms", "stage: thinker first clause"),
         ("tts_first_chunk_ms", "stage: TTS first chunk"),

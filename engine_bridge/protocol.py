@@ -44,6 +44,11 @@ class TurnTakingConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
     threshold: float | None = None
     prefix_padding_ms: int | None = None
     silence_ms: int | None = None
+    #: What ends the caller's turn: ``"model"`` (the semantic end-of-turn model, waiting up to
+    #: ``eot_max_wait_ms``) or ``"silence"`` (``silence_ms`` alone); engine settings ``turn_taking.end_of_turn``.
+    end_of_turn: Literal["model", "silence"] | None = None
+    eot_threshold: float | None = None
+    eot_max_wait_ms: int | None = None
     barge_in_min_ms: int | None = None
     #: False: a caller turn is transcribed and kept in the conversation, but no reply starts until the client asks
     #: (``AppendText(kind="respond")``); the Realtime dialect's ``create_response: false`` and manual mode.

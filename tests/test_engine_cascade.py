@@ -20,7 +20,7 @@ from engine_bridge.speech.asr import WhisperTranscriber
 from engine_bridge.speech.text import normalize_text
 from tests.conftest import connect_engine, spawn_engine
 from tests.engine_driver import SessionDriver
-from tests.speech_fixtures import noise_burst, synthesize_speech
+from tests.speech_fixtures import noise_burst, speech_bounds_ms, synthesize_speech
 
 pytestmark = pytest.mark.models
 
@@ -85,6 +85,43 @@ async def test_spoken_question_gets_paris_with_consistent_timelines(
     kinds = [type(e).__name__ for _, e in d.events if not isinstance(e, p.StateChanged | p.Usage)]
     assert kinds.index("SpeechStarted") < kinds.index("SpeechStopped") < kinds.index("ReplyStarted")
     assert kinds.index("InputTranscript") < kinds.index("ReplyDone")
+    await session.close()
+
+
+def audible(text: str) -> np.ndarray:
+    """Piper speaking ``text``, cut at its first and last audible sample."""
+    pcm = synthesize_speech(text, lead_silence_ms=0, tail_silence_ms=0)
+    start_ms, end_ms = speech_bounds_ms(pcm, 16000)
+    return pcm[start_ms * 16 : end_ms * 16]
+
+
+async def test_a_question_with_a_one_second_pause_is_answered_once_as_one_turn(
+    client: EngineClient, asr: WhisperTranscriber
+) -> None:
+    """The end-of-turn model (the engine's default): a finished question ends the turn well before the longest
+    wait; a question with a 1 s pause in the middle stays one turn, transcribed whole and answered once."""
+    session = await client.open_session()
+    d = SessionDriver(session)
+    await asyncio.wait_for(
+        d.run(audible("What is the capital of Italy?"), until=lambda d: d.reply_done()), 40
+    )
+    stats = await session.stats()
+    assert stats.extra["settings"]["end_of_turn"] == "model"
+    assert stats.extra["endpoint_pause_ms"] < stats.extra["settings"]["eot_max_wait_ms"] - 500, stats.extra
+    await d.run(seconds=1.0)
+    stopped, done = len(d.of(p.SpeechStopped)), len(d.of(p.ReplyDone))
+    gap = np.zeros(16000, np.int16)
+    paused = np.concatenate([audible("What is the capital"), gap, audible("of France?")])
+    await asyncio.wait_for(d.run(paused, until=lambda d: len(d.of(p.ReplyDone)) > done), 60)
+    await d.run(seconds=1.0)
+    assert len(d.of(p.SpeechStopped)) == stopped + 1, "the pause ended the turn"
+    said = normalize_text(d.of(p.InputTranscript)[-1].text)
+    assert "capital" in said and "france" in said, said
+    replies = d.of(p.ReplyDone)[done:]
+    assert len(replies) == 1 and not replies[0].interrupted
+    assert "paris" in transcribe_reply(asr, d.audio_of_turn(replies[0].turn_id))
+    users = [seg.text for seg in (await session.stats()).log if seg.role == "user"]
+    assert len(users) == 2 and "france" in normalize_text(users[1]), users
     await session.close()
 
 

@@ -21,7 +21,7 @@ import pytest
 import websockets
 
 from engine_bridge.client import EngineClient
-from livekit_omni.realtime.config import EAGERNESS_SILENCE_MS, NO_BARGE_IN_MS
+from livekit_omni.realtime.config import EAGERNESS_END_OF_TURN, NO_BARGE_IN_MS
 from media.codecs import ulaw_decode, ulaw_encode
 from tests.conftest import ServerProcess, start_server
 from tests.realtime_checks import ServerEventLog
@@ -238,7 +238,7 @@ async def test_session_update_mid_session_reaches_the_engine(server: ServerProce
     """After the engine session opened, every setting the engine honours is sent to it (the cascade's effect of
     each is tests/test_turn_machine.py's and tests/test_realtime_spoken.py's): instructions, voice, temperature,
     the token cap, and turn detection in each mode (server_vad's parameters, semantic_vad's eagerness as the
-    silence window, null as manual: no auto reply, no VAD barge-in)."""
+    end-of-turn model's threshold and longest wait, null as manual: no auto reply, no VAD barge-in)."""
     async with connect(server) as c:
         sid = (await c.next())["session"]["id"]
         await c.send(
@@ -295,7 +295,8 @@ async def test_session_update_mid_session_reaches_the_engine(server: ServerProce
         )
         await c.until("session.updated")
         tt = (await _engine_config(server, sid))["turn_taking"]
-        assert tt["silence_ms"] == EAGERNESS_SILENCE_MS["high"] and tt.get("auto_reply") is not False
+        assert tt["end_of_turn"] == "model" and tt.get("auto_reply") is not False
+        assert (tt["eot_threshold"], tt["eot_max_wait_ms"]) == EAGERNESS_END_OF_TURN["high"]
         assert tt.get("barge_in_min_ms") is None  # interrupt_response: the engine's barge-in
         null: dict[str, Any] = {"turn_detection": None}
         await c.send(

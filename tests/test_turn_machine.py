@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -55,6 +56,8 @@ from engine_bridge.speech.vad import SpeechStopped
 from engine_bridge.thinker.base import DecodingSettings
 from engine_bridge.thinker.model_store import LoadedModel, build_tiny_random, load_tokenizer
 from engine_bridge.thinker.torch_backend import TorchThinker, TorchThinkerConfig
+from livekit_omni.realtime import wire as rt_wire
+from livekit_omni.realtime.config import EAGERNESS_END_OF_TURN, RealtimeConfig
 from tests.speech_fixtures import silence, voice_like
 
 P = ParamSpec("P")
@@ -102,6 +105,20 @@ class ScriptedSynthesizer(Synthesizer):
         yield tone[n // 2 :]
 
 
+class ScriptedEndOfTurn:
+    """Stands in for the end-of-turn model: a fixed probability per transcript (0: not finished)."""
+
+    name = "scripted"
+
+    def __init__(self, finished: dict[str, float]) -> None:
+        self.finished = finished
+        self.calls: list[str] = []
+
+    def probability(self, text: str) -> float:
+        self.calls.append(text)
+        return self.finished.get(text, 0.0)
+
+
 class ManualExecutor(concurrent.futures.Executor):
     """Queues the worker jobs and runs them only in :meth:`run_all`: the test decides when ASR/TTS finish."""
 
@@ -142,6 +159,7 @@ class Call:
     thinker: TorchThinker
     asr_jobs: ManualExecutor
     tts_jobs: ManualExecutor
+    eot_jobs: ManualExecutor
     events: list[p.SessionEvent] = field(default_factory=list)
     played: int = 0
     t_ms: int = 0
@@ -198,6 +216,10 @@ class Call:
 
     def tts(self) -> None:
         self.tts_jobs.run_all()
+        self.drain()
+
+    def eot(self) -> None:
+        self.eot_jobs.run_all()
         self.drain()
 
     def step_until(self, phase: ReplyPhase, *, tts: bool, limit: int = 100) -> None:
@@ -294,6 +316,7 @@ def make_call(tiny: LoadedModel) -> Iterator[Callable[..., Call]]:
         asr_texts: list[str] | None = None,
         *,
         engine_turn_taking: dict[str, Any] | None = None,
+        eot: ScriptedEndOfTurn | None = None,
         **session_overrides: Any,
     ) -> Call:
         thinker = TorchThinker(
@@ -302,9 +325,15 @@ def make_call(tiny: LoadedModel) -> Iterator[Callable[..., Call]]:
             ),
             loaded=tiny,
         )
-        asr_jobs, tts_jobs = ManualExecutor(), ManualExecutor()
+        asr_jobs, tts_jobs, eot_jobs = ManualExecutor(), ManualExecutor(), ManualExecutor()
         models = CascadeModels(
-            ScriptedTranscriber(asr_texts or []), ScriptedSynthesizer(), thinker, asr_jobs, tts_jobs
+            ScriptedTranscriber(asr_texts or []),
+            ScriptedSynthesizer(),
+            thinker,
+            asr_jobs,
+            tts_jobs,
+            eot=eot,
+            eot_executor=eot_jobs,
         )
         settings = EngineSettings.model_validate(
             {
@@ -322,7 +351,7 @@ def make_call(tiny: LoadedModel) -> Iterator[Callable[..., Call]]:
             f"sess_turns{next(ids):04d}", rings, config, events.append, owner_id=0, idle_ttl_s=60
         )
         adapter.open(session)
-        call = Call(adapter, session, thinker, asr_jobs, tts_jobs, events)
+        call = Call(adapter, session, thinker, asr_jobs, tts_jobs, eot_jobs, events)
         made.append(call)
         return call
 
@@ -1120,3 +1149,131 @@ def test_instructions_too_long_for_the_context_leave_the_old_ones(make_call: Cal
     assert [e.code for e in errors] == ["invalid_instructions"] and not errors[0].fatal
     assert call.thinker.log(sid).tokens == before  # the same log, rebuilt
     assert [seg.text for seg in call.session.log if seg.role == "user"] == ["hello"]
+
+
+# ------------------------------------------------------------------------------------------- end of turn
+def test_a_finished_sentence_ends_the_turn_without_waiting_for_the_longest_wait(
+    make_call: Callable[..., Call],
+) -> None:
+    eot = ScriptedEndOfTurn({"What is the capital of France?": 0.9})
+    call = make_call(
+        ["What is the capital of France?"], eot=eot, engine_turn_taking={"eot_max_wait_ms": 2000}
+    )
+    assert call.st.eot.enabled and call.st.detector.settings.silence_ms == 2000
+    call.feed(np.concatenate([silence(300), caller_audio(800), silence(200)]))
+    call.handle(call.take_posted())
+    call.asr()  # the speculation's transcript goes to the end-of-turn model
+    assert len(call.eot_jobs.jobs) == 1 and not call.of(p.SpeechStopped)
+    call.eot()
+    assert eot.calls == ["What is the capital of France?"]
+    call.feed(silence(40))  # the audio thread's next chunk ends the turn in this pause
+    ends = [m for m in call.take_posted() if isinstance(m, Endpoint)]
+    assert len(ends) == 1
+    waited = ends[0].ev.at_ms - ends[0].ev.end_ms
+    assert waited < 300, f"the turn ended after {waited} ms of silence, not at once"
+    call.handle(ends)
+    done = call.finish()
+    assert not done.interrupted and call.session.stats.extra["turn_records"][-1]["silence_ms"] == waited
+    assert call.session.stats.extra["eot_finished"] == 1
+
+
+def test_an_unfinished_sentence_waits_for_the_longest_wait(make_call: Callable[..., Call]) -> None:
+    eot = ScriptedEndOfTurn({})
+    call = make_call(["What is the"], eot=eot, engine_turn_taking={"eot_max_wait_ms": 1200})
+    call.feed(np.concatenate([silence(300), caller_audio(800), silence(200)]))
+    call.handle(call.take_posted())
+    call.asr()
+    call.eot()
+    call.feed(silence(900))
+    assert not [m for m in call.take_posted() if isinstance(m, Endpoint)], "ended before the longest wait"
+    call.feed(silence(400))
+    ends = [m for m in call.take_posted() if isinstance(m, Endpoint)]
+    assert len(ends) == 1 and abs(ends[0].ev.at_ms - ends[0].ev.end_ms - 1200) <= 40
+
+
+def test_a_question_with_a_pause_is_one_turn_transcribed_whole_and_answered_once(
+    make_call: Callable[..., Call],
+) -> None:
+    whole = "What is the capital of France?"
+    asr = ["What is the capital?", whole]
+    eot = ScriptedEndOfTurn({whole: 0.9})
+    call = make_call(asr, eot=eot, engine_turn_taking={"eot_max_wait_ms": 2000})
+    transcriber = call.adapter.asr
+    assert isinstance(transcriber, ScriptedTranscriber)
+    heard: list[int] = []
+    real_run = transcriber._run
+
+    def run(
+        pcm: npt.NDArray[np.int16], decoding: Decoding = DEFAULT_DECODING
+    ) -> tuple[str, tuple[Word, ...], bool]:
+        heard.append(pcm.shape[0] * 1000 // ENGINE_INPUT_RATE)
+        return real_run(pcm, decoding)
+
+    transcriber._run = run  # type: ignore[method-assign]
+    posted: list[object] = []
+
+    def feed(pcm: npt.NDArray[np.int16]) -> None:
+        call.feed(pcm)
+        msgs = call.take_posted()
+        posted.extend(msgs)
+        call.handle(msgs)
+        call.asr()
+        call.eot()
+        call.step()
+
+    feed(np.concatenate([silence(300), caller_audio(800)]))
+    for _ in range(
+        10
+    ):  # a 1 s pause, 100 ms at a time: the model hears the first half and finds it unfinished
+        feed(silence(100))
+    assert not call.of(p.SpeechStopped), "the pause ended the turn"
+    assert eot.calls == ["What is the capital?"]
+    assert call.reply.phase is ReplyPhase.SPECULATIVE, "a reply is prepared in the pause, held"
+    assert call.played == 0 and call.play() == 0, "nothing heard before the turn is judged ended"
+    feed(caller_audio(600))  # the caller goes on: the speculation is discarded
+    assert call.st.reply is None
+    feed(silence(200))
+    feed(silence(40))
+    assert [type(m) for m in posted].count(Endpoint) == 1
+    assert heard[-1] >= 300 + 800 + 1000 + 600, (
+        f"the second transcript heard {heard[-1]} ms, not the whole turn"
+    )
+    done = call.finish()
+    assert not done.interrupted
+    assert [e.text for e in call.of(p.InputTranscript)] == [whole]
+    assert len(call.of(p.SpeechStopped)) == 1 and len(call.of(p.ReplyDone)) == 1
+    users = [seg.text for seg in call.session.log if seg.role.value == "user"]
+    assert users == [whole], users
+
+
+@pytest.mark.parametrize("eagerness", ["high", "low"])
+def test_semantic_vad_eagerness_changes_the_wait(make_call: Callable[..., Call], eagerness: str) -> None:
+    """The Realtime dialect's semantic_vad: the eagerness picks the model's threshold and the longest wait for an
+    unfinished sentence (here the model finds every pause unfinished)."""
+    td = rt_wire.TurnDetection(type="semantic_vad", eagerness=eagerness)
+    cfg = RealtimeConfig(model="m").apply(
+        rt_wire.SessionConfig(audio=rt_wire.AudioConfig(input=rt_wire.AudioInput(turn_detection=td)))
+    )
+    tt = cfg.turn_taking()
+    threshold, max_wait = EAGERNESS_END_OF_TURN[eagerness]
+    assert (tt.end_of_turn, tt.eot_threshold, tt.eot_max_wait_ms) == ("model", threshold, max_wait)
+    overrides = {k: v for k, v in msgspec.structs.asdict(tt).items() if v is not None}
+    call = make_call(["What is the"], eot=ScriptedEndOfTurn({}), **overrides)
+    assert call.st.eot.threshold == threshold
+    call.feed(np.concatenate([silence(300), caller_audio(800), silence(200)]))
+    call.handle(call.take_posted())
+    call.asr()
+    call.eot()
+    call.feed(silence(max_wait + 200))
+    ends = [m for m in call.take_posted() if isinstance(m, Endpoint)]
+    assert len(ends) == 1 and abs(ends[0].ev.at_ms - ends[0].ev.end_ms - max_wait) <= 40
+
+
+def test_server_vad_ends_turns_by_silence_alone(make_call: Callable[..., Call]) -> None:
+    eot = ScriptedEndOfTurn({"hello": 0.9})
+    call = make_call(["hello"], eot=eot, end_of_turn="silence", silence_ms=500)
+    assert not call.st.eot.enabled and call.st.detector.settings.silence_ms == 500
+    call.feed(np.concatenate([silence(300), caller_audio(800), silence(700)]))
+    call.handle(call.take_posted())
+    call.asr()
+    assert eot.calls == [] and len(call.of(p.SpeechStopped)) == 1

@@ -125,7 +125,8 @@ class SpeechStarted:
 class SpeechStopped:
     #: End of the last speech frame of the turn.
     end_ms: int
-    #: Stream position at which the end was decided (``end_ms`` + ``silence_ms``, or the cap when forced).
+    #: Stream position at which the end was decided (``end_ms`` + ``silence_ms``, the cap when forced, or the
+    #: moment :meth:`TurnDetector.end_turn` was called).
     at_ms: int
     #: Same as the matching :attr:`SpeechStarted.start_ms`.
     start_ms: int
@@ -398,6 +399,19 @@ class TurnDetector:
             self._last_speech_end = frame_end
             self._end_turn(events, frame_end, forced=True)
 
+    def end_turn(self) -> SpeechStopped | None:
+        """End the current turn now, in its silence, as ``silence_ms`` would later (the end-of-turn model found
+        the caller finished). None outside a turn or while the last frame was speech."""
+        with self._lock:
+            now = self._frame_end_pushed()
+            if not self._in_speech or now <= self._last_speech_end:
+                return None
+            events: list[TurnEvent] = []
+            self._end_turn(events, now, forced=False)
+            stopped = events[0]
+            assert isinstance(stopped, SpeechStopped)
+            return stopped
+
     def _end_turn(self, events: list[TurnEvent], now: int, *, forced: bool) -> None:
         audio = self._utterance_locked()
         self._in_speech = False
@@ -441,6 +455,11 @@ class TurnDetector:
         if not self._in_speech:
             return 0
         return self._ms(self._frame_end_pushed() - self._last_speech_end)
+
+    @property
+    def speech_end_ms(self) -> int | None:
+        """End of the current turn's last speech frame, or None outside a turn."""
+        return self._ms(self._last_speech_end) if self._in_speech else None
 
     @property
     def position_ms(self) -> int:

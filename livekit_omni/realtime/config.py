@@ -21,8 +21,15 @@ from livekit_omni.sessions.audio import WireFormat
 DEFAULT_VOICE: Final = "marin"
 #: The dialect's default format, both ways: PCM16 mono at 24 kHz.
 PCM24: Final = WireFormat("pcm16", 24_000)
-#: semantic_vad has no end-of-utterance model here: its eagerness picks the server VAD's silence window (ms).
-EAGERNESS_SILENCE_MS: Final = {"high": 300, "medium": 600, "auto": 600, "low": 1000}
+#: semantic_vad uses the engine's end-of-turn model: its eagerness picks the model's threshold (the probability that
+#: the sentence is finished above which a pause ends the turn) and the longest wait (ms) when it is not finished.
+#: server_vad ends turns by its silence window alone.
+EAGERNESS_END_OF_TURN: Final[dict[str, tuple[float, int]]] = {
+    "high": (0.004, 1000),
+    "medium": (0.01, 2000),
+    "auto": (0.01, 2000),
+    "low": (0.03, 4000),
+}
 #: interrupt_response false: a barge-in minimum no caller turn reaches, so the reply plays on.
 NO_BARGE_IN_MS: Final = 10_000_000
 MAX_INSTRUCTIONS_CHARS: Final = 65_536
@@ -188,15 +195,26 @@ class RealtimeConfig:
         if td is None:
             # Manual: the client commits and asks for replies; the caller never barges in by VAD.
             return p.TurnTakingConfig(auto_reply=False, barge_in_min_ms=NO_BARGE_IN_MS)
-        silence = td.silence_duration_ms
+        barge_in = None if td.interrupt_response is not False else NO_BARGE_IN_MS
+        auto_reply = td.create_response is not False
         if td.type == "semantic_vad":
-            silence = EAGERNESS_SILENCE_MS.get(td.eagerness or "auto", 600)
+            threshold, max_wait = EAGERNESS_END_OF_TURN.get(
+                td.eagerness or "auto", EAGERNESS_END_OF_TURN["auto"]
+            )
+            return p.TurnTakingConfig(
+                end_of_turn="model",
+                eot_threshold=threshold,
+                eot_max_wait_ms=max_wait,
+                barge_in_min_ms=barge_in,
+                auto_reply=auto_reply,
+            )
         return p.TurnTakingConfig(
+            end_of_turn="silence",
             threshold=td.threshold,
             prefix_padding_ms=td.prefix_padding_ms,
-            silence_ms=silence,
-            barge_in_min_ms=None if td.interrupt_response is not False else NO_BARGE_IN_MS,
-            auto_reply=td.create_response is not False,
+            silence_ms=td.silence_duration_ms,
+            barge_in_min_ms=barge_in,
+            auto_reply=auto_reply,
         )
 
     def echo(self, *, session_id: str, expires_at: int) -> wire.SessionConfig:

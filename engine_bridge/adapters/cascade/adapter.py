@@ -6,10 +6,12 @@ Where the time goes, and how the stages overlap (the plain sum of the stages is 
 2. After ``speculative_ms`` of silence (default 120 ms, well before the 500 ms endpoint) the turn's audio goes to
    the ASR worker *speculatively*; when the transcript comes back the thinker appends it to the session's KV and
    starts the reply, and the TTS worker voices the first clause. Audio produced before the endpoint is *held*.
-3. At the endpoint (``silence_ms``) the speculation is confirmed and the held audio is released at once. If the
-   caller speaks again first, the speculation is thrown away: the thinker rolls back to the checkpoint taken
-   before the user text (exact, the KV is cropped), held audio is dropped, and the longer turn is transcribed
-   at its real endpoint.
+3. At the endpoint the speculation is confirmed and the held audio is released at once. The endpoint is the
+   semantic end-of-turn model's "finished" verdict on the speculative transcript (``end_of_turn = "model"``, the
+   default), or ``eot_max_wait_ms`` of silence when it found the sentence unfinished; ``silence_ms`` alone with
+   ``end_of_turn = "silence"``. If the caller speaks again first, the speculation is thrown away: the thinker rolls
+   back to the checkpoint taken before the user text (exact, the KV is cropped), held audio is dropped, and the
+   longer turn (both fragments, one utterance) is transcribed at its next pause.
 
 Barge-in: at the first frame of caller speech over model speech the audio thread ducks the model's output (the
 egress ring's gain word); the epoch word is bumped once the interruption is confirmed: ``barge_in_min_ms`` of
@@ -44,20 +46,22 @@ from engine_bridge.adapters.cascade.turns import (
     BackchannelPolicy,
     CascadeSessionState,
     DuckPolicy,
+    EndOfTurnPolicy,
     TurnMachine,
     cascade_state,
     watch_audio,
 )
-from engine_bridge.adapters.cascade.workers import AsrWorker, TtsWorker
+from engine_bridge.adapters.cascade.workers import AsrWorker, EotWorker, TtsWorker
 from engine_bridge.config import EngineSettings
 from engine_bridge.devices import onnx_providers, resolve_device
 from engine_bridge.session import DuplexSession, SettingsChange
 from engine_bridge.speech.asr import Transcriber, make_transcriber
+from engine_bridge.speech.eot import EndOfTurnModel, LanguageModelEndOfTurn
 from engine_bridge.speech.tts import EspeakSynthesizer, Synthesizer, make_synthesizer
 from engine_bridge.speech.vad import TurnDetector, VADEngine, VADSettings, use_silero_providers
 from engine_bridge.text import TextRefused, TextRequest
-from engine_bridge.thinker.base import Message, ThinkerBackend
-from engine_bridge.thinker.factory import make_thinker, spoken_examples
+from engine_bridge.thinker.base import Message, ThinkerBackend, ThinkerError
+from engine_bridge.thinker.factory import make_thinker, model_source, spoken_examples
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +75,16 @@ MAX_VOICES = 32
 @dataclass(frozen=True, slots=True)
 class CascadeModels:
     """Models built elsewhere (by a test, or a host that shares them), used instead of loading from settings.
-    The executors run the ASR and TTS jobs (default: one thread each)."""
+    The executors run the ASR, end-of-turn and TTS jobs (default: one thread each). Without an end-of-turn model
+    every session ends its turns by silence."""
 
     asr: Transcriber
     tts: Synthesizer
     thinker: ThinkerBackend
     asr_executor: concurrent.futures.Executor | None = None
     tts_executor: concurrent.futures.Executor | None = None
+    eot: EndOfTurnModel | None = None
+    eot_executor: concurrent.futures.Executor | None = None
 
 
 class CascadeAdapter(ModelAdapter):
@@ -90,6 +97,7 @@ class CascadeAdapter(ModelAdapter):
         self.asr: Transcriber | None = None
         self.tts: Synthesizer | None = None
         self.thinker: ThinkerBackend | None = None
+        self.eot: EndOfTurnModel | None = None
         self.machine: TurnMachine | None = None
         self.text: TextCompletions | None = None
         self._kv_bytes = 0
@@ -104,7 +112,7 @@ class CascadeAdapter(ModelAdapter):
         m = self.settings.models
         given = self._given
         if given is not None:
-            asr, tts, thinker = given.asr, given.tts, given.thinker
+            asr, tts, thinker, eot = given.asr, given.tts, given.thinker, given.eot
         else:
             device = resolve_device(self.settings.device)
             use_silero_providers(onnx_providers(device))
@@ -116,8 +124,10 @@ class CascadeAdapter(ModelAdapter):
             t2 = time.monotonic()
             tts = make_synthesizer(m.tts, threads=self.settings.threads, device=device)
             tts.warmup()
+            t3 = time.monotonic()
+            eot = self._load_eot()
             log.info(
-                "cascade loaded on %s: thinker %s/%s %.1f s, asr %s %.1f s, tts %s %.1f s",
+                "cascade loaded on %s: thinker %s/%s %.1f s, asr %s %.1f s, tts %s %.1f s, end of turn %s %.1f s",
                 device,
                 self.settings.thinker.backend,
                 self.settings.thinker.model,
@@ -125,9 +135,11 @@ class CascadeAdapter(ModelAdapter):
                 m.asr,
                 t2 - t1,
                 m.tts,
-                time.monotonic() - t2,
+                t3 - t2,
+                eot.name if eot is not None else "off",
+                time.monotonic() - t3,
             )
-        self.asr, self.tts, self.thinker = asr, tts, thinker
+        self.asr, self.tts, self.thinker, self.eot = asr, tts, thinker, eot
         self.machine = TurnMachine(
             thinker,
             AsrWorker(asr, given.asr_executor if given else None),
@@ -135,6 +147,7 @@ class CascadeAdapter(ModelAdapter):
             first_clause_words=self.settings.turn_taking.first_clause_words,
             context_limit=self.settings.thinker.max_model_len,
             examples=self._examples,
+            eot=EotWorker(eot, given.eot_executor if given else None) if eot is not None else None,
         )
         if self.settings.thinker.max_text_requests > 0:
             self.text = TextCompletions(
@@ -145,6 +158,21 @@ class CascadeAdapter(ModelAdapter):
                 on_change=self._refresh_kv,
             )
         self._refresh_kv()
+
+    def _load_eot(self) -> EndOfTurnModel | None:
+        """The end-of-turn model, when any session may use it (``end_of_turn`` is per session; a model that fails
+        to load is an error, not a silent fall-back to silence)."""
+        tt = self.settings.turn_taking
+        if tt.end_of_turn != "model":
+            return None
+        try:
+            source = model_source(tt.eot_model)
+            return LanguageModelEndOfTurn.load(source, cache_dir=self.settings.cache_dir / "models")
+        except (OSError, ValueError, ThinkerError) as e:
+            raise RuntimeError(
+                f"the end-of-turn model {tt.eot_model!r} (engine.turn_taking.eot_model) did not load: {e}; "
+                'set engine.turn_taking.end_of_turn = "silence" to end turns by silence alone'
+            ) from e
 
     def _voice_sessions_open(self) -> int:
         assert self.thinker is not None
@@ -174,10 +202,26 @@ class CascadeAdapter(ModelAdapter):
             self._thinker_sessions = len(self.thinker.session_ids())
             self._thinker_info = self.thinker.describe()
 
-    def _vad_settings(self, session: DuplexSession) -> tuple[VADSettings, int, int]:
+    def _vad_settings(self, session: DuplexSession) -> tuple[VADSettings, int, int, EndOfTurnPolicy]:
+        """The session's detector settings, barge-in minimum, speculation window and end-of-turn policy: the
+        engine's settings under the session's overrides."""
         tt = self.settings.turn_taking
         o = session.config.turn_taking
         engine = o.vad or tt.vad
+        silence = o.silence_ms if o.silence_ms is not None else tt.silence_ms
+        # The model reads the speculation's transcript: no automatic replies, no speculation, silence decides.
+        model = (
+            (o.end_of_turn or tt.end_of_turn) == "model"
+            and self.eot is not None
+            and o.auto_reply is not False
+            and tt.speculative_ms > 0
+        )
+        eot = EndOfTurnPolicy(
+            enabled=model,
+            threshold=o.eot_threshold if o.eot_threshold is not None else tt.eot_threshold,
+            silence_ms=silence,
+        )
+        max_wait = o.eot_max_wait_ms if o.eot_max_wait_ms is not None else tt.eot_max_wait_ms
         vs = VADSettings(
             engine=VADEngine(engine),
             aggressiveness=o.aggressiveness if o.aggressiveness is not None else tt.aggressiveness,
@@ -185,14 +229,15 @@ class CascadeAdapter(ModelAdapter):
             prefix_padding_ms=o.prefix_padding_ms
             if o.prefix_padding_ms is not None
             else tt.prefix_padding_ms,
-            silence_ms=o.silence_ms if o.silence_ms is not None else tt.silence_ms,
+            # With the model, the detector's own window is the longest wait for an unfinished sentence.
+            silence_ms=max(max_wait, silence) if model else silence,
         )
         barge = o.barge_in_min_ms if o.barge_in_min_ms is not None else tt.barge_in_min_ms
-        return vs, barge, min(tt.speculative_ms, vs.silence_ms)
+        return vs, barge, min(tt.speculative_ms, silence), eot
 
     def open(self, session: DuplexSession) -> None:
         assert self.thinker is not None and self.machine is not None, "load() first"
-        vs, barge, spec = self._vad_settings(session)
+        vs, barge, spec, eot = self._vad_settings(session)
         history = [Message(role=t.role, text=t.text) for t in session.config.history]
         self.thinker.open(
             session.id, session.config.instructions or None, history or None, examples=self._examples
@@ -210,6 +255,7 @@ class CascadeAdapter(ModelAdapter):
             backchannel=BackchannelPolicy.from_words(
                 tt.backchannel_words, tt.backchannel_max_ms, tt.backchannel_pause_ms
             ),
+            eot=eot,
             temperature=session.config.temperature,
             max_output_tokens=session.config.max_output_tokens,
         )
@@ -240,9 +286,10 @@ class CascadeAdapter(ModelAdapter):
         """``UpdateSession`` turn-taking (already merged into ``session.config``): the detector takes the new
         thresholds at its next frame (its own lock), the audio thread reads the barge-in minimum and the
         speculation window at its next chunk (plain attribute reads), the scheduler the auto-reply flag."""
-        vs, barge, spec = self._vad_settings(session)
+        vs, barge, spec, eot = self._vad_settings(session)
         auto_reply = session.config.turn_taking.auto_reply is not False
         st.detector.update_settings(vs)
+        st.eot = eot  # replaced whole: the audio thread reads it once per chunk
         st.barge_in_min_ms = barge
         st.speculative_ms = spec if auto_reply else 0
         st.auto_reply = auto_reply
@@ -260,7 +307,10 @@ class CascadeAdapter(ModelAdapter):
             "vad": str(vs.engine.value),
             "threshold": vs.threshold,
             "prefix_padding_ms": vs.prefix_padding_ms,
-            "silence_ms": vs.silence_ms,
+            "silence_ms": st.eot.silence_ms if st.eot.enabled else vs.silence_ms,
+            "end_of_turn": "model" if st.eot.enabled else "silence",
+            "eot_threshold": st.eot.threshold,
+            "eot_max_wait_ms": vs.silence_ms if st.eot.enabled else None,
             "barge_in_min_ms": st.barge_in_min_ms,
             "speculative_ms": st.speculative_ms,
             "auto_reply": st.auto_reply,

@@ -1,8 +1,8 @@
 """Mailbox messages the cascade's other threads post to the scheduler thread (the session's owner).
 
 The audio thread posts what the turn detector decided (:class:`VadStart`, :class:`Speculate`, :class:`Resumed`,
-:class:`Endpoint`, :class:`BargeInHeard`, :class:`OverlapCheck`); the ASR and TTS workers post their results (:class:`AsrDone`,
-:class:`TtsDone`). The engine core's own messages (text appends, interrupts, mute) live in
+:class:`Endpoint`, :class:`BargeInHeard`, :class:`OverlapCheck`); the ASR, end-of-turn and TTS workers post their
+results (:class:`AsrDone`, :class:`EotDone`, :class:`TtsDone`). The engine core's own messages (text appends, interrupts, mute) live in
 :mod:`engine_bridge.session`.
 """
 
@@ -94,6 +94,16 @@ class AsrDone:
 
 
 @dataclass(frozen=True, slots=True)
+class EotDone:
+    """The end-of-turn model read the transcript of ASR job ``job`` (a speculation at a pause)."""
+
+    job: int
+    #: Probability that the caller's sentence is finished.
+    probability: float
+    elapsed_ms: float
+
+
+@dataclass(frozen=True, slots=True)
 class TtsDone:
     """One clause of reply ``turn_id`` is voiced (or was skipped)."""
 
@@ -101,4 +111,6 @@ class TtsDone:
     epoch: int
 
 
-CascadeMessage = VadStart | Speculate | Resumed | Endpoint | BargeInHeard | OverlapCheck | AsrDone | TtsDone
+CascadeMessage = (
+    VadStart | Speculate | Resumed | Endpoint | BargeInHeard | OverlapCheck | AsrDone | EotDone | TtsDone
+)

@@ -13,6 +13,12 @@ Two halves, one per thread:
 Speculation: after ``speculative_ms`` of silence the turn's audio is transcribed and a reply started before the
 endpoint, with its audio held. The endpoint keeps it (announced at once, held audio released); the caller speaking
 again first discards it, and the thinker rolls back to before the caller's words.
+
+End of turn (``EndOfTurnPolicy``): with the semantic end-of-turn model, the detector's silence window is the longest
+wait (``eot_max_wait_ms``), and the speculation's transcript also goes to the model (the end-of-turn worker). A
+"finished" verdict is written into the watch; the audio thread, at its next chunk, ends the turn in that same pause
+(``TurnDetector.end_turn``), so the endpoint comes as always from the detector's owner. Speech before that continues
+the same turn: its fragments are one utterance, transcribed whole at the next pause.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from engine_bridge.adapters.cascade.messages import (
     BargeInHeard,
     CascadeMessage,
     Endpoint,
+    EotDone,
     HeardUntil,
     OverlapCheck,
     Resumed,
@@ -52,7 +59,7 @@ from engine_bridge.adapters.cascade.telemetry import (
     publish_turn,
     turn_record,
 )
-from engine_bridge.adapters.cascade.workers import AsrWorker, TtsWorker
+from engine_bridge.adapters.cascade.workers import AsrWorker, EotWorker, TtsWorker
 from engine_bridge.formats import ENGINE_OUTPUT_RATE, samples_to_ms
 from engine_bridge.reply import ReplyPhase
 from engine_bridge.session import (
@@ -69,7 +76,7 @@ from engine_bridge.session import (
 from engine_bridge.speech.asr import Decoding, Transcript
 from engine_bridge.speech.text import clean_for_tts, early_first_clause_ready, normalize_text, text_words
 from engine_bridge.speech.tts import OutputResampler, Synthesizer
-from engine_bridge.speech.vad import SpeechStarted, TurnDetector, TurnEvent
+from engine_bridge.speech.vad import SpeechStarted, SpeechStopped, TurnDetector, TurnEvent
 from engine_bridge.thinker.base import DecodingSettings, Message, StepOutput, ThinkerBackend
 from engine_bridge.thinker.base import Role as ThinkerRole
 from engine_bridge.thinker.turns import reinstruct
@@ -179,6 +186,18 @@ class BackchannelPolicy:
         return word in self.words or _HUM_WORD.fullmatch(word) is not None
 
 
+@dataclass(frozen=True, slots=True)
+class EndOfTurnPolicy:
+    """How a pause ends the caller's turn. Off: the detector's ``silence_ms`` alone. On: the detector's window is
+    the longest wait, and the end-of-turn model's verdict on the pause's speculative transcript (probability at
+    least ``threshold``: finished) ends the turn at once; a turn over model speech (an undecided or backchannel
+    sound: no question to judge) ends after ``silence_ms``, as without the model."""
+
+    enabled: bool = False
+    threshold: float = 0.5
+    silence_ms: int = 500
+
+
 @dataclass(slots=True)
 class CallerTurnWatch:
     """Audio-thread state of the caller's current turn."""
@@ -191,6 +210,9 @@ class CallerTurnWatch:
     speculated_to_ms: int | None = None
     #: End of the speech posted for the backchannel check, or None while none is out (or speech came after it).
     checking_to_ms: int | None = None
+    #: End of the speech of the pause the end-of-turn model found finished (the scheduler writes it, under
+    #: ``overlap_lock``); the turn ends while that pause lasts.
+    finished_at_ms: int | None = None
     #: The model's output is ducked (see :class:`DuckPolicy`); the stream position of the last speech frame.
     ducked: bool = False
     voice_at_ms: int = 0
@@ -227,6 +249,8 @@ class CallerTurn:
     endpoint_wall: float | None = None
     transcript: Transcript | None = None
     asr_ms: float = 0.0
+    #: Silence the endpoint waited (from the last speech frame to the decision), once it came.
+    pause_ms: int | None = None
 
     @property
     def speculated(self) -> bool:
@@ -283,6 +307,7 @@ class CascadeSessionState(AdapterState):
     auto_reply: bool = True
     duck: DuckPolicy = field(default_factory=DuckPolicy)
     backchannel: BackchannelPolicy = field(default_factory=BackchannelPolicy)
+    eot: EndOfTurnPolicy = field(default_factory=EndOfTurnPolicy)
     #: The session's reply decoding over the thinker's default: sampling temperature (None: the default's) and
     #: a token cap per reply (0: the default's ``max_tokens``). ``UpdateSession`` changes them.
     temperature: float | None = None
@@ -338,9 +363,13 @@ def _watch_locked(
     # barge-in minimum alone decides, or the model would talk over the caller until the check is done.
     checks = st.backchannel.enabled and st.duck.enabled
     posted: list[CascadeMessage] = []
+    if st.eot.enabled and det.in_speech and not any(isinstance(ev, SpeechStarted) for ev in events):
+        stopped = _end_of_turn(st, det, w)
+        if stopped is not None:
+            events = [*events, stopped]
     for ev in events:
         if isinstance(ev, SpeechStarted):
-            w.speculated_to_ms = w.checking_to_ms = None
+            w.speculated_to_ms = w.checking_to_ms = w.finished_at_ms = None
             w.turn_start_ms, w.voiced_ms = ev.start_ms, 0
             w.overlap = Overlap.OVER_MODEL if session.model_audible() else Overlap.CLEAR
             posted.append(VadStart(ev.start_ms, ev.at_ms))
@@ -372,7 +401,7 @@ def _watch_locked(
             and det.silence_ms_so_far >= st.speculative_ms
             and w.overlap in (Overlap.CLEAR, Overlap.BARGED)
         ):
-            end = det.position_ms - det.silence_ms_so_far
+            end = det.speech_end_ms or 0
             w.speculated_to_ms = end
             posted.append(Speculate(det.utterance(), det.turn_start_ms or 0, end, time.monotonic()))
         if det.speech_ms >= st.barge_in_min_ms:
@@ -410,6 +439,17 @@ def _watch_locked(
     if st.duck.enabled:
         _duck(session, st, det, w)
     return posted
+
+
+def _end_of_turn(st: CascadeSessionState, det: TurnDetector, w: CallerTurnWatch) -> SpeechStopped | None:
+    """With the end-of-turn model on, the pause that ends the turn before the detector's longest wait: the one the
+    model found finished, or, for a turn over model speech, ``silence_ms`` of it."""
+    silent = det.silence_ms_so_far
+    if silent == 0:
+        return None
+    finished = w.finished_at_ms is not None and w.finished_at_ms == det.speech_end_ms
+    plain = w.overlap in (Overlap.OVER_MODEL, Overlap.BACKCHANNEL) and silent >= st.eot.silence_ms
+    return det.end_turn() if finished or plain else None
 
 
 def _duck(session: DuplexSession, st: CascadeSessionState, det: TurnDetector, w: CallerTurnWatch) -> None:
@@ -459,10 +499,13 @@ class TurnMachine:
         first_clause_words: int,
         context_limit: int,
         examples: Sequence[Message] = (),
+        eot: EotWorker | None = None,
     ) -> None:
         self.thinker = thinker
         self.asr = asr
         self.tts = tts
+        #: The end-of-turn model's worker (None: no model; every session ends turns by silence).
+        self.eot = eot
         self.first_clause_words = first_clause_words
         self.context_limit = context_limit
         #: The example turns sessions open with (kept when new instructions rebuild the system segment).
@@ -512,6 +555,8 @@ class TurnMachine:
                     self._on_check(session, st, st.check, msg)
                 else:
                     self._on_asr(session, st, msg)
+            case EotDone():
+                self._on_eot(session, st, msg)
             case TtsDone():
                 r = st.reply
                 if r is not None and r.turn_id == msg.turn_id and r.epoch == msg.epoch:
@@ -634,6 +679,7 @@ class TurnMachine:
             verdict = check.backchannel if check is not None and check.msg.start_ms == ev.start_ms else False
             msg = dataclasses.replace(msg, undecided=False, backchannel=bool(verdict))
         session.emit(p.SpeechStopped(session_id=session.id, at_ms=ev.end_ms))
+        session.stats.extra["endpoint_pause_ms"] = ev.at_ms - ev.end_ms
         if msg.backchannel:
             session.stats.ignored_short_speech += 1
             self._discard_speculation(session, st)
@@ -643,6 +689,7 @@ class TurnMachine:
             turn.phase = TurnPhase.KEPT
             turn.end_ms = ev.end_ms
             turn.endpoint_wall = msg.at_wall
+            turn.pause_ms = ev.at_ms - ev.end_ms
             if turn.transcript is not None:
                 self._emit_input(session, st, turn)
             r = st.reply
@@ -651,6 +698,8 @@ class TurnMachine:
         else:
             self._discard_speculation(session, st)
             self._submit_asr(session, st, ev.audio, ev.start_ms, ev.end_ms, TurnPhase.FINAL, msg.at_wall)
+            if st.turn is not None:
+                st.turn.pause_ms = ev.at_ms - ev.end_ms
         if st.reply is None:
             session.set_state(p.SessionState.THINKING)
 
@@ -682,6 +731,9 @@ class TurnMachine:
             return
         if turn.phase.confirmed:
             self._emit_input(session, st, turn)
+        elif st.eot.enabled and self.eot is not None:
+            # The pause's transcript: is the sentence finished? (The reply is prepared meanwhile, held.)
+            self.eot.submit(session, turn.job, text)
         if st.reply is not None or not st.auto_reply:
             # A reply is still running (commentary, or the caller's short turn during speech), or the client asks
             # for replies itself: just log the caller's words (once no reply runs).
@@ -691,6 +743,32 @@ class TurnMachine:
                 session.set_state(p.SessionState.LISTENING)
             return
         self._start_reply(session, st, user_text=text, turn=turn)
+
+    def _on_eot(self, session: DuplexSession, st: CascadeSessionState, msg: EotDone) -> None:
+        """The end-of-turn model's verdict on a pause: finished ends the turn in that pause (the audio thread ends
+        it at its next chunk if the caller is still silent); not finished leaves it to the longest wait."""
+        extra = session.stats.extra
+        extra["eot_checks"] = extra.get("eot_checks", 0) + 1
+        timings = extra.setdefault("eot_ms", [])
+        timings.append(round(msg.elapsed_ms, 1))
+        del timings[:-TURN_RECORDS]
+        extra["eot_probability"] = round(msg.probability, 5)
+        turn = st.turn
+        if turn is None or turn.job != msg.job or turn.phase is not TurnPhase.SPECULATIVE:
+            return  # the caller went on, or the silence already ended the turn
+        finished = msg.probability >= st.eot.threshold
+        log.info(
+            "session %s: end-of-turn model on %r: %.4f in %.0f ms: %s",
+            session.id,
+            turn.transcript.text if turn.transcript else "",
+            msg.probability,
+            msg.elapsed_ms,
+            "finished" if finished else "not finished",
+        )
+        if finished:
+            extra["eot_finished"] = extra.get("eot_finished", 0) + 1
+            with st.overlap_lock:
+                st.watch.finished_at_ms = turn.end_ms
 
     def _on_text(self, session: DuplexSession, st: CascadeSessionState, msg: TextAppend) -> None:
         if msg.kind in ("instructions", "thinking"):
@@ -1101,10 +1179,8 @@ class TurnMachine:
         self._drop_transient(session, st)
         r.advance(ReplyPhase.DONE)
         rec = turn_record(r, st.turn)
-        if st.turn is not None:
-            rec["silence_ms"] = (
-                st.detector.settings.silence_ms
-            )  # the window that endpointed the caller's turn
+        if st.turn is not None and st.turn.pause_ms is not None:
+            rec["silence_ms"] = st.turn.pause_ms  # the silence that endpointed the caller's turn
         publish_turn(session, st.turn_records, rec, self.thinker)
         st.turn = None
         self._flush_context(session, st)

@@ -1,7 +1,8 @@
-"""The ASR and TTS workers: one thread each (whisper and Piper release the GIL), shared by every session.
+"""The ASR, end-of-turn and TTS workers: one thread each (whisper, torch and Piper release the GIL), shared by
+every session.
 
 Each job reports back by posting a message to its session's mailbox (:class:`~.messages.AsrDone`,
-:class:`~.messages.TtsDone`) and waking the scheduler. The executors are parameters so a test can run the jobs
+:class:`~.messages.EotDone`, :class:`~.messages.TtsDone`) and waking the scheduler. The executors are parameters so a test can run the jobs
 when it chooses (see tests/test_turn_machine.py).
 """
 
@@ -16,10 +17,11 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-from engine_bridge.adapters.cascade.messages import AsrDone, TtsDone
+from engine_bridge.adapters.cascade.messages import AsrDone, EotDone, TtsDone
 from engine_bridge.adapters.cascade.reply import Reply
 from engine_bridge.session import DuplexSession
 from engine_bridge.speech.asr import DEFAULT_DECODING, Decoding, Transcriber, Transcript
+from engine_bridge.speech.eot import EndOfTurnModel
 from engine_bridge.speech.tts import Synthesizer
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,29 @@ class AsrWorker:
                 log.exception("session %s: ASR failed", session.id)
                 tr = Transcript(text="")
             session.post(AsrDone(job, tr, (time.monotonic() - t0) * 1000))  # wakes the scheduler
+
+        self._pool.submit(run)
+
+
+class EotWorker:
+    """Runs the end-of-turn model off the audio and scheduler threads (its pass takes tens of milliseconds)."""
+
+    def __init__(self, model: EndOfTurnModel, executor: concurrent.futures.Executor | None = None) -> None:
+        self.model = model
+        self._pool = executor or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine-eot")
+
+    def submit(self, session: DuplexSession, job: int, text: str) -> None:
+        """Score ``text``; the session gets ``EotDone(job, ...)`` (probability 0, "not finished", if it failed)."""
+        model = self.model
+
+        def run() -> None:
+            t0 = time.monotonic()
+            try:
+                prob = model.probability(text)
+            except Exception:
+                log.exception("session %s: end-of-turn model failed", session.id)
+                prob = 0.0
+            session.post(EotDone(job, prob, (time.monotonic() - t0) * 1000))  # wakes the scheduler
 
         self._pool.submit(run)
 
