@@ -628,9 +628,7 @@ class VllmThinker(LogBackedThinker[_Session]):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        reopen = (
-            sess.request is None or sess.reopen_next or sess.log.tokens[: len(sess.held)] != sess.held
-        )
+        reopen = sess.request is None or sess.reopen_next or sess.log.tokens[: len(sess.held)] != sess.held
         first_open = sess.reopens == 0
         prefill_only = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.DELTA, detokenize=False)
         asked = self._send(sess, prefill_only)
