@@ -12,6 +12,7 @@ the same calls on SmolLM2-135M.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import jsonschema
 import pytest
 import torch
 
@@ -33,6 +35,7 @@ from engine_bridge.thinker.base import (
     UnknownSessionError,
 )
 from engine_bridge.thinker.model_store import LoadedModel, build_tiny_random, load_tokenizer
+from engine_bridge.thinker.tools import ToolCall, ToolChoice, ToolSchemaError, ToolSpec
 from engine_bridge.thinker.torch_backend import TorchThinker, TorchThinkerConfig
 from engine_bridge.thinker.vllm_backend import VllmEngine, VllmThinker, VllmThinkerConfig
 
@@ -990,3 +993,108 @@ def test_real_model_backends_agree_with_the_spoken_decoding() -> None:
         assert "Paris" in answers["vllm"][0]
     finally:
         vllm_th.shutdown()
+
+
+# ------------------------------------------------------------------------------------------------ tool calls
+#: Bounded strings, an enum, a bounded integer, a nested object: a random model's call must still end, and every
+#: value it writes is one the schema allows only because the grammar masked everything else.
+WEATHER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "options": {"type": "object", "properties": {"hourly": {"type": "boolean"}}, "required": ["hourly"]},
+    },
+    "required": ["city", "unit", "days", "options"],
+    "additionalProperties": False,
+}
+WEATHER = ToolSpec("get_weather", "The weather in a city now.", WEATHER_SCHEMA)
+CLOCK = ToolSpec("get_time", "The time in a time zone.", {"type": "object", "properties": {}})
+TOOL_GREEDY = DecodingSettings(max_tokens=10, max_call_tokens=160)
+
+
+def tool_reply(th: ThinkerBackend, sid: str, choice: ToolChoice | None) -> tuple[str, ToolCall | None, int]:
+    """One reply with ``choice``, kept; returns what it said aloud, its call, and the checkpoint's log length."""
+    ckpt = th.begin_reply(sid, decoding=dataclasses.replace(TOOL_GREEDY, tool_choice=choice))
+    said, last = "", None
+    while last is None or not last.done:
+        last = th.step([sid])[sid]
+        said += last.text
+    th.end_reply(sid)
+    return said, last.tool_call, ckpt.log_len
+
+
+def test_tool_call_arguments_always_fit_the_schema(th: ThinkerBackend) -> None:
+    """Random weights, yet every call is valid for its tool's schema: only the grammar can have made it so. A
+    named function is the one called; ``none`` never calls and never says the trigger."""
+    th.open("a", "Be brief.", tools=[WEATHER, CLOCK])
+    th.append("a", "user", "What is the weather like in Paris today?")
+    for choice in (ToolChoice("required"), ToolChoice("function", "get_weather")):
+        said, call, _ = tool_reply(th, "a", choice)
+        assert said == "" and call is not None, (choice, said)
+        if choice.mode == "function":
+            assert call.name == "get_weather"
+        schema = WEATHER_SCHEMA if call.name == "get_weather" else CLOCK.parameters
+        jsonschema.validate(call.parsed_arguments(), schema)
+        th.append("a", "tool", '{"temperature": 21}')
+    said, call, ckpt = tool_reply(th, "a", ToolChoice("none"))
+    assert call is None and "<tool_call>" not in th.decode(list(th.log("a").tokens[ckpt:]))
+
+
+def test_the_call_and_its_result_stay_in_the_kv(th: ThinkerBackend, make: Factory) -> None:
+    """The call is the assistant segment as generated, the result the template's tool message, each appended
+    like any turn: the result prefills only its own tokens, and the log equals a fresh session's on it. A
+    rollback to before the call removes both."""
+    th.open("a", "Be brief.", tools=[WEATHER])
+    th.append("a", "user", "What is the weather like in Paris today?")
+    _, call, before = tool_reply(th, "a", ToolChoice("function", "get_weather"))
+    assert call is not None
+    snap = th.log("a")
+    assert snap.segments[-1].role == "assistant" and "<tool_call>" in snap.segments[-1].text
+    res = th.append("a", "tool", '{"temperature": 21, "sky": "clear"}')
+    assert res.prefill_tokens == res.new_tokens and th.stats("a").resident_kv_tokens == len(th.log("a"))
+    text = th.decode(list(th.log("a").tokens[snap.segments[-1].end :]))
+    assert "<tool_response>" in text and "clear" in text
+    words = dataclasses.replace(TOOL_GREEDY, tool_choice=ToolChoice("none"))
+    other = make()
+    other.open("b", log=th.log("a"), tools=[WEATHER])
+    assert reply_tokens(th, "a", decoding=words) == reply_tokens(other, "b", decoding=words)
+    th.rollback("a", before)
+    assert len(th.log("a")) == before and th.log("a").segments[-1].role == "user"
+
+
+def test_an_uncompilable_schema_is_refused_with_a_typed_error(th: ThinkerBackend) -> None:
+    bad = ToolSpec("lookup", "", {"type": "object", "properties": {"q": {"$ref": "#/$defs/missing"}}})
+    with pytest.raises(ToolSchemaError, match="cannot compile"):
+        th.check_tools([bad])
+    with pytest.raises(ToolSchemaError):
+        th.open("a", "Be brief.", tools=[WEATHER, bad])
+    assert th.session_ids() == []
+    with pytest.raises(ToolSchemaError, match="not a valid JSON schema"):
+        ToolSpec("broken", "", {"type": "objekt"})
+    with pytest.raises(ToolSchemaError, match="not one of the session's tools"):
+        th.check_tools([WEATHER], ToolChoice("function", "nope"))
+
+
+def test_backends_make_the_same_call(tiny: LoadedModel, vllm_engine: VllmEngine) -> None:
+    """Same model, same log, greedy float32: the vLLM backend (structured outputs) writes the same call as the torch
+    backend (xgrammar logits masks), keeps the same log after the tool's result, and answers the same after it."""
+    torch_th = TorchThinker(
+        TorchThinkerConfig(model="tiny-random", dtype="float32", decoding=GREEDY), loaded=tiny
+    )
+    vllm_th = VllmThinker(_vllm_config(str(vllm_engine.model_dir)), engine=vllm_engine)
+    seen: dict[str, tuple[Any, ...]] = {}
+    for name, th in (("torch", torch_th), ("vllm", vllm_th)):
+        th.open("a", "Be brief.", tools=[WEATHER, CLOCK])
+        th.append("a", "user", "What is the weather like in Paris today?")
+        _, call, _ = tool_reply(th, "a", ToolChoice("required"))
+        assert call is not None
+        th.append("a", "tool", '{"temperature": 21}')
+        words = reply_tokens(
+            th, "a", decoding=dataclasses.replace(TOOL_GREEDY, tool_choice=ToolChoice("none"))
+        )
+        th.end_reply("a")
+        seen[name] = (call.name, call.arguments, words, th.log("a"))
+        th.close("a")
+    assert seen["vllm"] == seen["torch"]

@@ -40,6 +40,7 @@ from .base import (
 if TYPE_CHECKING:
     from .model_store import DEFAULT_MODEL, TINY_RANDOM, LoadedModel, ensure_converted, load_model
     from .prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING, ChatFormat
+    from .tools import ToolCall, ToolChoice, ToolSchemaError, ToolSpec
     from .torch_backend import TorchThinker, TorchThinkerConfig
 
 _LAZY: dict[str, str] = {
@@ -50,6 +51,10 @@ _LAZY: dict[str, str] = {
     "LoadedModel": "model_store",
     "ensure_converted": "model_store",
     "load_model": "model_store",
+    "ToolCall": "tools",
+    "ToolChoice": "tools",
+    "ToolSchemaError": "tools",
+    "ToolSpec": "tools",
     "DEFAULT_SYSTEM_PROMPT": "prompting",
     "SPOKEN_DECODING": "prompting",
     "ChatFormat": "prompting",
@@ -78,6 +83,10 @@ __all__ = [
     "ThinkerStateError",
     "ThinkerStats",
     "TokenLog",
+    "ToolCall",
+    "ToolChoice",
+    "ToolSchemaError",
+    "ToolSpec",
     "TorchThinker",
     "TorchThinkerConfig",
     "UnknownSessionError",

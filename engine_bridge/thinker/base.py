@@ -26,15 +26,20 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from .tools import ToolCall, ToolChoice, ToolSpec
 
 #: Roles a segment of the log can have. "system" is the instructions segment that opens every session;
-#: "developer" is engine-supplied context mid-conversation (rendered as a system turn by ChatML models).
-Role = Literal["system", "user", "developer", "assistant"]
+#: "developer" is engine-supplied context mid-conversation (rendered as a system turn by ChatML models); "tool" is
+#: a tool's result, rendered as the session's tool format wraps one (tools.ToolCallFormat).
+Role = Literal["system", "user", "developer", "assistant", "tool"]
 #: Roles the caller may pass to ``append``.
-APPEND_ROLES: frozenset[str] = frozenset({"user", "developer", "assistant"})
+APPEND_ROLES: frozenset[str] = frozenset({"user", "developer", "assistant", "tool"})
 
-FinishReason = Literal["stop", "length", "sentence"]
+#: ``tool_call``: the reply ended with a finished call (``StepOutput.tool_call``).
+FinishReason = Literal["stop", "length", "sentence", "tool_call"]
 
 
 # --------------------------------------------------------------------------------------------------- errors
@@ -265,6 +270,8 @@ class StepOutput:
     text: str
     done: bool
     finish_reason: FinishReason | None = None
+    #: On the last step of a reply that called a tool: the call (its text was never in ``text``).
+    tool_call: ToolCall | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,9 +309,15 @@ class DecodingSettings:
     #: first token, with and without a leading space, so a name should be one token of the model's vocabulary.
     #: Only the log counts: once the turn that said the word is trimmed from the context, the ban is back.
     unprompted_words: tuple[str, ...] = ()
+    #: Whether a reply of a session with tools may, may not or must call one (None: ``auto``). Without tools:
+    #: ignored. The call's arguments are grammar-constrained to the tool's schema (tools.py).
+    tool_choice: ToolChoice | None = None
+    #: Tokens a call may take beyond the words before it (a reply with tools may be ``max_tokens`` of words and
+    #: then a call of at most this many tokens).
+    max_call_tokens: int = 256
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
+        if self.max_tokens < 1 or self.max_call_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.repetition_penalty <= 0:
             raise ValueError(f"invalid decoding settings: {self}")
@@ -336,6 +349,7 @@ class ThinkerBackend(ABC):
         log: LogSnapshot | None = None,
         decoding: DecodingSettings | None = None,
         examples: Sequence[Message] = (),
+        tools: Sequence[ToolSpec] = (),
     ) -> None:
         """Open a session and prefill its prompt.
 
@@ -344,13 +358,25 @@ class ThinkerBackend(ABC):
         (:func:`~engine_bridge.thinker.turns.opening_log`). ``log`` restores a session from a snapshot instead (then
         ``instructions`` and ``history`` must be None). Raises :class:`ThinkerCapacityError` before any compute
         when the session limit or KV budget is reached, and :class:`ThinkerStateError` if ``sid`` is open.
+        ``tools`` are listed in the system segment as the model's tool format does (with ``log``: the tools the
+        snapshot's system segment lists); a schema the grammar cannot compile raises ``tools.ToolSchemaError``
+        before anything is opened.
         """
+
+    @abstractmethod
+    def check_tools(self, tools: Sequence[ToolSpec], choice: ToolChoice | None = None) -> None:
+        """Raise ``tools.ToolSchemaError`` when a reply could not be constrained to these tools (and choice)."""
+
+    @abstractmethod
+    def session_tools(self, sid: str) -> tuple[ToolSpec, ...]:
+        """The tools the session was opened with."""
 
     @abstractmethod
     def append(
         self, sid: str, role: Role, text: str, *, epoch: int | None = None, prefill: bool = True
     ) -> AppendResult:
-        """Add one message (user, developer context, or a whole assistant message) and prefill only its tokens.
+        """Add one message (user, developer context, a whole assistant message, or a tool's result: role
+        ``tool``, its text the result) and prefill only its tokens.
 
         ``prefill=False`` leaves the computation to the session's next forward pass: when a reply follows
         at once, its first ``step`` computes the message and the assistant header in one pass, which saves

@@ -55,7 +55,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 from torch import nn
@@ -78,7 +78,11 @@ from .base import (
 )
 from .model_store import DEFAULT_MODEL, DTypeName, LoadedModel, load_model
 from .prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING, ChatFormat
+from .tools import ToolSpec
 from .turns import LogBackedThinker, ReplyPolicy, ReplyProgress, SessionRecord
+
+if TYPE_CHECKING:
+    from .tool_grammar import ReplyMatcher
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +292,8 @@ class _LeaseCache(DynamicCache):
 class _Reply(ReplyProgress):
     #: Sampling randomness of this reply (None when greedy).
     generator: torch.Generator | None = None
+    #: The tool-call grammar's state (None: the session has no tools).
+    matcher: ReplyMatcher | None = None
 
 
 @dataclass(slots=True)
@@ -375,6 +381,7 @@ class TorchThinker(LogBackedThinker[_Session]):
         #: Most tokens one row may feed in a batched step: the assistant header of a reply that just began.
         self._max_batch_query = len(self.fmt.reply_header)
         self._stop_tensor = torch.tensor(sorted(self._stop_ids), dtype=torch.long, device=self.device)
+        self._vocab_width = int(mcfg.vocab_size)
         self._sessions: dict[str, _Session] = {}
         self._group: _Group | None = None
         #: Per layer, the (keys, values) buffers the generation group's cache views (module docstring).
@@ -401,10 +408,13 @@ class TorchThinker(LogBackedThinker[_Session]):
         log: LogSnapshot | None = None,
         decoding: DecodingSettings | None = None,
         examples: Sequence[Message] = (),
+        tools: Sequence[ToolSpec] = (),
     ) -> None:
         dec = decoding or self.config.decoding
-        token_log = self._opening_log(sid, instructions, history, log=log, examples=examples, decoding=dec)
-        sess = _Session(sid, token_log, dec)
+        token_log = self._opening_log(
+            sid, instructions, history, log=log, examples=examples, decoding=dec, tools=tools
+        )
+        sess = _Session(sid, token_log, dec, tools=tuple(tools))
         self._trim(sess, self._reply_reserve(dec))
         t0 = time.perf_counter()
         sess.prefill_tokens_last_append = self._sync(sess)
@@ -454,7 +464,9 @@ class TorchThinker(LogBackedThinker[_Session]):
             raise ThinkerStateError(f"session {sid!r} is already generating a reply")
         dec = decoding or sess.decoding
         header = self.fmt.reply_header
-        if self._trim(sess, len(header) + dec.max_tokens + len(self.fmt.reply_footer)):
+        tool, grammar = self._reply_tools(sess, dec)
+        matcher = self.tool_grammars.matcher(grammar) if grammar is not None else None
+        if self._trim(sess, self._reply_need(sess, dec)):
             self._sync(sess)
         ckpt = Checkpoint(len(sess.log), epoch)
         sess.log.add_message("assistant", "", header, [], [], epoch=epoch, complete=False)
@@ -471,7 +483,9 @@ class TorchThinker(LogBackedThinker[_Session]):
             dec,
             time.perf_counter(),
             banned=self._banned_tokens(sess, dec),
+            tool=tool,
             generator=gen,
+            matcher=matcher,
         )
         return ckpt
 
@@ -549,6 +563,15 @@ class TorchThinker(LogBackedThinker[_Session]):
             ids = torch.tensor(sorted(set(reply.generated)), dtype=torch.long, device=self.device)
             seen = x[ids]
             x[ids] = torch.where(seen > 0, seen / dec.repetition_penalty, seen * dec.repetition_penalty)
+        if reply.matcher is not None:
+            reply.matcher.mask(x)
+            tok = self._pick(x, reply)
+            reply.matcher.accept(tok)
+            return tok
+        return self._pick(x, reply)
+
+    def _pick(self, x: torch.Tensor, reply: _Reply) -> int:
+        dec = reply.decoding
         if dec.temperature == 0:
             return int(torch.argmax(x))
         probs = torch.softmax(x / dec.temperature, dim=-1)
@@ -776,6 +799,9 @@ class TorchThinker(LogBackedThinker[_Session]):
             layer.shift(start, index, cos, sin)
         sess.kv_len = int(old.numel())
         return f"shifted: {sess.kv_len - start} columns moved, none recomputed"
+
+    def _logits_width(self) -> int:
+        return self._vocab_width
 
     # ------------------------------------------------------------------ inspection
     def stats(self, sid: str) -> ThinkerStats:

@@ -22,7 +22,8 @@ import time
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from functools import cached_property
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from .base import (
     APPEND_ROLES,
@@ -41,6 +42,18 @@ from .base import (
     UnknownSessionError,
 )
 from .prompting import ChatFormat, EncodedMessage, ends_sentence
+from .tools import (
+    ToolCallFormat,
+    ToolChoice,
+    ToolReplyState,
+    ToolSchemaError,
+    ToolSpec,
+    grammar_spec,
+    tool_format,
+)
+
+if TYPE_CHECKING:
+    from .tool_grammar import ToolGrammars
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +67,17 @@ def opening_log(
     limit: int,
     reply_reserve: int,
     examples: Sequence[Message] = (),
+    tools_text: str = "",
 ) -> TokenLog:
     """The log of a new session: the system segment (``instructions`` or the default prompt) and history.
 
     ``examples`` are example turns rendered right after the system message and pinned with it: their tokens
     are the tail of the system segment (after its end-of-message marker), so trimming never drops them, a
-    rollback never reaches them, and the log's messages are still exactly the conversation's own.
+    rollback never reaches them, and the log's messages are still exactly the conversation's own. ``tools_text``
+    (the tool format's list of the session's tools) ends the system message's content, where templates put it.
     """
     out = TokenLog()
-    system = fmt.encode_message("system", (instructions or "").strip() or system_prompt)
+    system = fmt.encode_message("system", ((instructions or "").strip() or system_prompt) + tools_text)
     prefix, content, suffix = system.prefix, system.content, list(system.suffix)
     for msg in examples:
         if msg.role not in ("user", "assistant"):
@@ -90,18 +105,25 @@ def reinstruct(
     *,
     previous: str | None,
     examples: Sequence[Message] = (),
+    tools: Sequence[ToolSpec] | None = None,
 ) -> str:
     """Give open session ``sid`` other instructions, keeping its conversation: the session is re-opened with the
     new system segment (and ``examples``) and ``conversation`` as its history, so the whole log is prefilled in one
     pass (one KV rebuild) and is token for token the log of a session opened that way. The session's decoding
-    stays. Instructions the thinker cannot take (too long for its context) leave ``previous`` in place. Returns ""
-    when applied, else why not. The thinker may trim the oldest turns to fit, as any ``open`` does."""
+    stays, and so do its tools unless ``tools`` gives others (changing the tools is re-instructing: they are listed
+    in the system segment). Instructions the thinker cannot take (too long for its context) leave ``previous`` in
+    place. Returns "" when applied, else why not. The thinker may trim the oldest turns to fit, as any ``open``
+    does. Check new tools with ``thinker.check_tools`` first: tools it refuses leave the session closed."""
     dec = thinker.session_decoding(sid)
+    old_tools = thinker.session_tools(sid)
+    new_tools = old_tools if tools is None else tuple(tools)
     thinker.close(sid)
     try:
-        thinker.open(sid, instructions or None, conversation, examples=examples, decoding=dec)
+        thinker.open(
+            sid, instructions or None, conversation, examples=examples, decoding=dec, tools=new_tools
+        )
     except ValueError as e:
-        thinker.open(sid, previous or None, conversation, examples=examples, decoding=dec)
+        thinker.open(sid, previous or None, conversation, examples=examples, decoding=dec, tools=old_tools)
         return str(e)
     return ""
 
@@ -145,6 +167,8 @@ class ReplyProgress:
     #: Token ids this reply may not sample (``DecodingSettings.unprompted_words`` not yet said; see
     #: ``LogBackedThinker._banned_tokens``).
     banned: tuple[int, ...] = ()
+    #: The reply's tool state when its session has tools (what is said aloud, whether a call is open).
+    tool: ToolReplyState | None = None
 
 
 class ReplyPolicy:
@@ -161,7 +185,14 @@ class ReplyPolicy:
         if tok in self.stop_ids and not dec.ignore_eos:
             # The end-of-turn token is not kept: end_reply() appends the template's whole footer.
             return self.finish(reply, tok, "stop")
-        if dec.max_sentences is not None and self._starts_with_space(tok) and ends_sentence(reply.text):
+        tool = reply.tool
+        in_call = tool is not None and tool.in_call
+        if (
+            dec.max_sentences is not None
+            and not in_call
+            and self._starts_with_space(tok)
+            and ends_sentence(reply.text)
+        ):
             mark = len(reply.text.rstrip())
             if mark > reply.sentence_mark:
                 reply.sentences += 1
@@ -172,7 +203,13 @@ class ReplyPolicy:
         reply.generated.append(tok)
         log.extend_open_content([tok])
         text = self.next_text(reply)
-        if len(reply.generated) >= dec.max_tokens:
+        limit = dec.max_tokens
+        if tool is not None:
+            # The call's text is never said: only what comes before the trigger (tools.ToolReplyState).
+            text = tool.speakable(reply.text, len(reply.generated))
+            if tool.call_token_start is not None:
+                limit = tool.call_token_start + dec.max_call_tokens
+        if len(reply.generated) >= limit:
             return self.finish(reply, tok, "length", text)
         return StepOutput(tok, text, False)
 
@@ -180,8 +217,15 @@ class ReplyPolicy:
         self, reply: ReplyProgress, tok: int | None, reason: FinishReason, text: str = ""
     ) -> StepOutput:
         reply.done = True
+        rest = self.flush_text(reply)
+        call = None
+        if reply.tool is not None:
+            rest = reply.tool.speakable(reply.text, len(reply.generated), final=True)
+            call = reply.tool.call(reply.text)
+            if call is not None:
+                reason = "tool_call"
         reply.finish_reason = reason
-        return StepOutput(tok, text + self.flush_text(reply), True, reason)
+        return StepOutput(tok, text + rest, True, reason, tool_call=call)
 
     def _starts_with_space(self, tok: int) -> bool:
         hit = self._space_start.get(tok)
@@ -280,6 +324,8 @@ class SessionRecord:
     prefill_tokens_total: int = 0
     generated_tokens_total: int = 0
     trims: int = 0
+    #: The tools the session's system segment lists (``open(..., tools=...)``).
+    tools: tuple[ToolSpec, ...] = ()
 
 
 S = TypeVar("S", bound=SessionRecord)
@@ -320,12 +366,15 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
         log: LogSnapshot | None,
         examples: Sequence[Message],
         decoding: DecodingSettings,
+        tools: Sequence[ToolSpec] = (),
     ) -> TokenLog:
-        """``open``'s log half: refuse an id that is open, admit the session (guarantee 6, Admission, in
-        docs/architecture.md: before any compute), and build its log from the snapshot or from the instructions,
-        history and example turns."""
+        """``open``'s log half: refuse an id that is open, check the tools (a schema the grammar cannot compile is
+        refused here), admit the session (guarantee 6, Admission, in docs/architecture.md: before any compute), and
+        build its log from the snapshot or from the instructions, tools, history and example turns."""
         if sid in self._sessions:
             raise ThinkerStateError(f"session {sid!r} is already open")
+        if tools:
+            self.check_tools(tools, decoding.tool_choice)
         self._admit()
         if log is not None:
             if instructions or history or examples:
@@ -341,7 +390,52 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
             limit=self.max_context_tokens,
             reply_reserve=self._reply_reserve(decoding),
             examples=examples,
+            tools_text=self.tool_format.render_tools(tools),
         )
+
+    # ------------------------------------------------------------------ tools
+    #: ``auto`` (from the chat template) or a name of ``tools.TOOL_FORMATS``.
+    tool_format_name: str = "auto"
+
+    @cached_property
+    def tool_format(self) -> ToolCallFormat:
+        """The model's tool format; also teaches the chat format the ``tool`` role (a tool result's message)."""
+        found = tool_format(self.tool_format_name, getattr(self.fmt.tokenizer, "chat_template", None))
+        before, after = self.fmt.wrappers[found.result_role]
+        self.fmt.wrappers["tool"] = (before + found.result_prefix, found.result_suffix + after)
+        return found
+
+    def _logits_width(self) -> int:
+        """Columns of the model's logits (the grammar's token masks are this wide)."""
+        return len(self.fmt.tokenizer)
+
+    @cached_property
+    def tool_grammars(self) -> ToolGrammars:
+        from .tool_grammar import ToolGrammars  # xgrammar loads with the first session that has tools
+
+        return ToolGrammars(self.fmt.tokenizer, self._logits_width(), sorted(self.policy.stop_ids))
+
+    def check_tools(self, tools: Sequence[ToolSpec], choice: ToolChoice | None = None) -> None:
+        names = [t.name for t in tools]
+        if len(set(names)) != len(names):
+            raise ToolSchemaError(f"tool names must be unique: {names}")
+        self.tool_grammars.check(self.tool_format, tools, choice)
+
+    def session_tools(self, sid: str) -> tuple[ToolSpec, ...]:
+        return self._get(sid).tools
+
+    def _reply_tools(self, sess: S, dec: DecodingSettings) -> tuple[ToolReplyState | None, str | None]:
+        """A reply's tool state and grammar (an xgrammar structural tag), or (None, None) without tools."""
+        if not sess.tools:
+            return None, None
+        choice = dec.tool_choice or ToolChoice()
+        spec = grammar_spec(self.tool_format, sess.tools, choice)
+        return ToolReplyState(self.tool_format, choice), spec
+
+    def _reply_need(self, sess: S, dec: DecodingSettings) -> int:
+        """Tokens a reply may add to the log: header, words, a call when the session has tools, footer."""
+        call = dec.max_call_tokens if sess.tools else 0
+        return len(self.fmt.reply_header) + dec.max_tokens + call + len(self.fmt.reply_footer)
 
     def _close_reply(self, sess: S, reply: ReplyProgress, committed_text: str | None) -> None:
         """``end_reply``'s log half: keep the whole reply (``committed_text`` None), none of it (a blank text: as
@@ -372,6 +466,8 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
             raise ThinkerStateError(f"session {sess.sid!r} is generating a reply; end_reply() first")
         if role not in APPEND_ROLES:
             raise ValueError(f"append() role must be one of {sorted(APPEND_ROLES)}, not {role!r}")
+        if role == "tool":
+            _ = self.tool_format  # the chat format learns the tool result's wrapper
         text = text.strip()
         enc = self.fmt.encode_message(role, text)
         reserve = self._reply_reserve(sess.decoding)

@@ -62,6 +62,7 @@ from .base import (
 )
 from .model_store import DEFAULT_MODEL, resolve_model_path
 from .prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING, ChatFormat
+from .tools import ToolSpec
 from .turns import LogBackedThinker, ReplyPolicy, ReplyProgress, SessionRecord
 
 log = logging.getLogger(__name__)
@@ -455,6 +456,8 @@ class _Reply(ReplyProgress):
     engine_done: bool = False
     #: Every id read from vLLM for this reply, kept or not (the end-of-turn id is sampled but not kept).
     sampled: list[int] = field(default_factory=list)
+    #: The tool-call grammar (an xgrammar structural tag for vLLM's structured outputs; None: no tools).
+    grammar: str | None = None
 
 
 @dataclass(slots=True)
@@ -473,6 +476,9 @@ class _Session(SessionRecord):
     #: Prefix-cache hits of re-opens: tokens found cached, tokens asked for.
     reopen_cached_tokens: int = 0
     reopen_tokens: int = 0
+    #: The next chunk must open a new request: vLLM binds a structured-output grammar to a request's first chunk
+    #: only, and keeps it for the request's life (a tool reply opens its own request, and the chunk after it too).
+    reopen_next: bool = False
 
 
 class VllmThinker(LogBackedThinker[_Session]):
@@ -519,10 +525,13 @@ class VllmThinker(LogBackedThinker[_Session]):
         log: LogSnapshot | None = None,
         decoding: DecodingSettings | None = None,
         examples: Sequence[Message] = (),
+        tools: Sequence[ToolSpec] = (),
     ) -> None:
         dec = decoding or self.config.decoding
-        token_log = self._opening_log(sid, instructions, history, log=log, examples=examples, decoding=dec)
-        sess = _Session(sid, token_log, dec, salt=f"lko-{self._uid}-{sid}")
+        token_log = self._opening_log(
+            sid, instructions, history, log=log, examples=examples, decoding=dec, tools=tools
+        )
+        sess = _Session(sid, token_log, dec, salt=f"lko-{self._uid}-{sid}", tools=tuple(tools))
         self._trim(sess, self._reply_reserve(dec))
         t0 = time.perf_counter()
         self._sessions[sid] = sess
@@ -589,14 +598,21 @@ class VllmThinker(LogBackedThinker[_Session]):
         if sess.reply is not None:
             raise ThinkerStateError(f"session {sid!r} is already generating a reply")
         dec = decoding or sess.decoding
+        tool, grammar = self._reply_tools(sess, dec)
         header = self.fmt.reply_header
-        self._trim(sess, len(header) + dec.max_tokens + len(self.fmt.reply_footer))
+        self._trim(sess, self._reply_need(sess, dec))
         ckpt = Checkpoint(len(sess.log), epoch)
         sess.log.add_message("assistant", "", header, [], [], epoch=epoch, complete=False)
         # The header (and any deferred message) is sent by the first step() with the reply's sampling
         # settings, so that prefill and the first token take one engine iteration.
         sess.reply = _Reply(
-            ckpt, len(sess.log), dec, time.perf_counter(), banned=self._banned_tokens(sess, dec)
+            ckpt,
+            len(sess.log),
+            dec,
+            time.perf_counter(),
+            banned=self._banned_tokens(sess, dec),
+            tool=tool,
+            grammar=grammar,
         )
         return ckpt
 
@@ -672,13 +688,19 @@ class VllmThinker(LogBackedThinker[_Session]):
         """Send the generation chunk: everything the log has beyond what vLLM holds (the assistant header, and
         any deferred message), with the reply's sampling settings."""
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         from .vllm_logits import REPLY_PENALTY_KEY
 
         dec = reply.decoding
+        structured = None
+        if reply.grammar is not None:
+            # The same structural tag the torch backend compiles; the policy ends the words at max_tokens.
+            structured = StructuredOutputsParams(structural_tag=reply.grammar)
+            sess.reopen_next = True
         params = SamplingParams(
-            max_tokens=dec.max_tokens,
+            max_tokens=dec.max_tokens + (dec.max_call_tokens if reply.grammar is not None else 0),
+            structured_outputs=structured,
             temperature=dec.temperature,
             top_p=dec.top_p,
             # Not vLLM's repetition_penalty, which counts the whole conversation (the prompt) too.
@@ -692,6 +714,8 @@ class VllmThinker(LogBackedThinker[_Session]):
             detokenize=False,
         )
         pending = self._send(sess, params)
+        if reply.grammar is not None:
+            sess.reopen_next = True
         sess.prefill_tokens_total += pending
         reply.submitted = True
 
@@ -721,8 +745,9 @@ class VllmThinker(LogBackedThinker[_Session]):
         prefix of the log). Returns how many tokens vLLM is asked to compute."""
         tokens = sess.log.tokens
         n = len(sess.held)
-        extends = sess.request is not None and tokens[:n] == sess.held
+        extends = sess.request is not None and tokens[:n] == sess.held and not sess.reopen_next
         if not extends:
+            sess.reopen_next = False
             if sess.request is not None:
                 self.engine.abort(sess.request)
             sess.reopens += 1
@@ -742,7 +767,7 @@ class VllmThinker(LogBackedThinker[_Session]):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        reopen = sess.request is None or sess.log.tokens[: len(sess.held)] != sess.held
+        reopen = sess.request is None or sess.reopen_next or sess.log.tokens[: len(sess.held)] != sess.held
         first_open = sess.reopens == 0
         prefill_only = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.DELTA, detokenize=False)
         asked = self._send(sess, prefill_only)
