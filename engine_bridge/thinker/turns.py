@@ -33,6 +33,7 @@ from .base import (
     LogSnapshot,
     Message,
     Role,
+    Segment,
     StepOutput,
     ThinkerBackend,
     ThinkerStateError,
@@ -40,7 +41,7 @@ from .base import (
     TokenLog,
     UnknownSessionError,
 )
-from .prompting import ChatFormat, EncodedMessage, ends_sentence
+from .prompting import ChatFormat, EncodedMessage, asks_for_length, ends_sentence
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,15 @@ def fit_message(
     return EncodedMessage(enc.prefix, content, enc.suffix), fmt.decode(content)
 
 
+def _latest_request(segments: Sequence[Segment]) -> str:
+    """The text of the latest message before the open reply that is not the assistant's (the caller's words,
+    engine context or a commentary to speak), or "" when there is none."""
+    for seg in reversed(segments):
+        if seg.role != "assistant":
+            return seg.text
+    return ""
+
+
 def _parts(enc: EncodedMessage) -> tuple[list[int], list[int], list[int]]:
     return enc.prefix, enc.content, enc.suffix
 
@@ -145,6 +155,9 @@ class ReplyProgress:
     #: Token ids this reply may not sample (``DecodingSettings.unprompted_words`` not yet said; see
     #: ``LogBackedThinker._banned_tokens``).
     banned: tuple[int, ...] = ()
+    #: Whether the message it answers asks for length (``prompting.asks_for_length``); read from the log at the
+    #: first token when the decoding has a ``long_max_sentences``.
+    asked_length: bool | None = None
 
 
 class ReplyPolicy:
@@ -161,12 +174,17 @@ class ReplyPolicy:
         if tok in self.stop_ids and not dec.ignore_eos:
             # The end-of-turn token is not kept: end_reply() appends the template's whole footer.
             return self.finish(reply, tok, "stop")
-        if dec.max_sentences is not None and self._starts_with_space(tok) and ends_sentence(reply.text):
+        if reply.asked_length is None:
+            reply.asked_length = dec.long_max_sentences is not None and asks_for_length(
+                _latest_request(log.segments)
+            )
+        max_sentences = dec.long_max_sentences if reply.asked_length else dec.max_sentences
+        if max_sentences is not None and self._starts_with_space(tok) and ends_sentence(reply.text):
             mark = len(reply.text.rstrip())
             if mark > reply.sentence_mark:
                 reply.sentences += 1
                 reply.sentence_mark = mark
-                if reply.sentences >= dec.max_sentences:
+                if reply.sentences >= max_sentences:
                     # This token would open the next sentence; it is not kept.
                     return self.finish(reply, None, "sentence")
         reply.generated.append(tok)
@@ -174,6 +192,13 @@ class ReplyPolicy:
         text = self.next_text(reply)
         if len(reply.generated) >= dec.max_tokens:
             return self.finish(reply, tok, "length", text)
+        if (
+            not reply.asked_length
+            and dec.brief_max_tokens is not None
+            and len(reply.generated) >= dec.brief_max_tokens
+        ):
+            # The spoken-length rule of a reply nobody asked to be long, below the hard cap.
+            return self.finish(reply, tok, "sentence", text)
         return StepOutput(tok, text, False)
 
     def finish(
