@@ -27,14 +27,28 @@ at real time. A poller thread watches the gain and epoch words in the egress rin
     old answer is inaudible;
   - ``flushed_p50_ms``: below -70 dBFS: the old answer is gone (the epoch flush; the duck leaves it near -60);
 
-  counted only in trials where the server's barge-in counter moved. The baseline, same run, is a server started
-  with ``duck_db=0``, which stops only at the epoch flush (the barge-in minimum of speech).
+  taken over the trials where the server's barge-in counter moved. Every trial started is counted (no retries):
+  each has an outcome, ``barged``, ``missed`` (no barge-in counted while the story was still audible or ducked
+  at the end of the watch), ``ended`` (no barge-in counted and the output fell to digital silence, below -70
+  dBFS, and stayed: the story ended; the Live dialect sends no reply-done event, so this is told from the
+  listener's audio, where a ducked story stays near -60 dBFS) or ``no_answer``, and the rates are over all
+  trials started. The baseline, same run, is a server started with ``duck_db=0``, which stops only at the epoch
+  flush (the barge-in minimum of speech).
 
   ``backchannel_interrupt_rate``: calls where, half a second into the story, the caller says a backchannel
   (Piper's "mm-hm" (from its phonemes: Piper spells the written word), "Uh-huh.", "Yeah.", "Right.", or a
   synthetic seeded cough: 150-250 ms of band-limited noise)
-  and the server barges in (its counter moves) or the story is not back within 10 dB of its level within 1 s after
-  the sound ends; interrupted / trials (20, 4 per kind; --backchannels N, --quick 5), per kind, and the same on the ``duck_db=0`` server.
+  and the server barges in (its counter moves), or the story is back within 10 dB of its level only later than
+  1 s after the sound ends, or never within the watch while the output is not silent (``stuck``: the duck never
+  lifted); interrupted / trials started (20, 4 per kind; --backchannels N, --quick 5), per kind, and the same on
+  the ``duck_db=0`` server. A story that fell silent and stayed so is ``ended`` (neither kept nor interrupted),
+  one never heard ``no_answer``; both stay in the denominator.
+
+Every session gets storyteller instructions and the story is asked as a commentary ("Tell the caller a story:
+..."), a request for length, so the answer runs past the two-sentence rule. Last line: JSON with
+``trials_started``, ``missed_bargeins``, ``ended_before_bargein``, ``no_answer``, ``stuck_after_backchannel`` and
+the outcome counts per path (``engine_outcomes``, ``webrtc_outcomes``, ``backchannel_outcomes``, ...) beside the
+latency percentiles.
 
     python benchmarks/bargein.py [--path engine|webrtc|all] [--trials 20] [--backchannels 20] [--quick]
 """
@@ -251,7 +265,8 @@ async def webrtc_trials(
             row = await _webrtc_trial(server, i)
             rows.append(row)
             print(
-                f"webrtc trial {i:2d}/{n} ({name}): {row['outcome']:12} ducked {row['duck_ms']:5.0f} ms, inaudible "
+                f"webrtc trial {i:2d}/{n} ({name}): {row['outcome']:12} {row.get('words_after_onset', 0):3d} words after"
+                f" the onset, ducked {row['duck_ms']:5.0f} ms, inaudible "
                 f"{row['silent_ms']:5.0f} ms, flushed {row['flushed_ms']:5.0f} ms after the onset "
                 f"(answer at {row['level_dbfs']:5.1f} dBFS)",
                 file=sys.stderr,
@@ -263,7 +278,8 @@ async def webrtc_trials(
             bcs.append(bc)
             print(
                 f"backchannel trial {j:2d}/{n_backchannels} ({name}): {kind:8} {bc['outcome']:12} "
-                f"{'INTERRUPTED' if bc['interrupted'] else ''} (barge-in {bc['barged']}, story back "
+                f"{'INTERRUPTED' if bc['interrupted'] else ''} (barge-in {bc['barged']}, {bc.get('words_after_sound', 0)} words"
+                f" after the sound, story back "
                 f"{bc['restored_ms']:5.0f} ms after the sound, silent from {bc['silent_from_ms']:5.0f} ms)",
                 file=sys.stderr,
                 flush=True,
@@ -287,6 +303,19 @@ async def _story(leg: CallerLeg) -> float | None:
         leg.heard.scan()
         first = leg.heard.first_loud_after(t0, w0)
     return None if first is None else first[1]
+
+
+async def watch_words(leg: CallerLeg, until: float) -> list[float]:
+    """Poll the call until ``until``; the times at which output transcript deltas (the story's words, released
+    with the audio they describe, ducked or not) were seen."""
+    seen = len([k for k, _ in leg.transcripts() if k == "output"])
+    times: list[float] = []
+    while time.monotonic() < until:
+        await asyncio.sleep(0.05)
+        n = len([k for k, _ in leg.transcripts() if k == "output"])
+        times += [time.monotonic()] * (n - seen)
+        seen = n
+    return times
 
 
 def silent_from(leg: CallerLeg, t0: float, t1: float) -> float:
@@ -330,13 +359,17 @@ async def _webrtc_trial(server: ServerProcess, i: int) -> dict[str, Any]:
         barge_ins = await asyncio.to_thread(_barge_ins, server.url)
         onset = await leg.say(INTERRUPTIONS[i % len(INTERRUPTIONS)], mark="onset")
         watch_end = onset + STOP_HOLD_S + 0.3
-        await asyncio.sleep(max(0.0, watch_end - time.monotonic()))
+        words = await watch_words(leg, watch_end)
         leg.heard.scan()
         level = story_level(leg, onset)
         row["level_dbfs"] = level
+        row["words_after_onset"] = len(words)
         if await asyncio.to_thread(_barge_ins, server.url) == barge_ins:
             quiet = silent_from(leg, first, watch_end)
-            row["outcome"] = "ended" if quiet == quiet else "missed"
+            # Ended: silent at the end of the watch and no word of the story in its last 0.5 s (a ducked story
+            # goes on releasing its words; through Opus its audio can fall below -70 dBFS too).
+            still_talking = any(t > watch_end - 0.5 for t in words)
+            row["outcome"] = "ended" if quiet == quiet and not still_talking else "missed"
             row["ended_ms"] = (quiet - onset) * 1000
             return row
         row |= {
@@ -386,7 +419,8 @@ async def _backchannel_trial(server: ServerProcess, kind: str, j: int) -> dict[s
         else:
             end = await leg.say(BACKCHANNEL_SPEECH[kind], mark="end")
         watch_end = end + RESTORE_WITHIN_S + 0.3
-        await asyncio.sleep(max(0.0, watch_end - time.monotonic()))
+        words = await watch_words(leg, watch_end)
+        row["words_after_sound"] = len(words)
         leg.heard.scan()
         barged = await asyncio.to_thread(_barge_ins, server.url) != barge_ins
         row["barged"] = barged
@@ -402,7 +436,8 @@ async def _backchannel_trial(server: ServerProcess, kind: str, j: int) -> dict[s
         elif back:
             row["outcome"] = "resumed" if row["restored_ms"] <= RESTORE_WITHIN_S * 1000 else "resumed_late"
         else:
-            row["outcome"] = "ended" if quiet == quiet else "stuck"
+            still_talking = any(t > watch_end - 0.5 for t in words)
+            row["outcome"] = "ended" if quiet == quiet and not still_talking else "stuck"
         row["interrupted"] = row["outcome"] in INTERRUPTED
         return row
     finally:
