@@ -46,9 +46,9 @@ def test_plugin_paths_short_run_reports_both_paths() -> None:
     co_total, remote_total = out["colocated_total_us_per_frame"], out["remote_total_us_per_frame"]
     assert co_total > 0 and remote_total > 0
     assert math.isclose(out["ratio_totals"], remote_total / co_total, rel_tol=0.02, abs_tol=0.02)
-    for r in out["per_round"]:
-        assert math.isclose(r["colocated_total"], r["colocated"] + r["baseline"], abs_tol=0.01)
-        assert math.isclose(r["remote_total"], r["remote"] + r["baseline"], abs_tol=0.01)
+    for r in out["per_round"]:  # each figure is rounded to 0.01 in the JSON, so a sum may be 0.02 off
+        assert math.isclose(r["colocated_total"], r["colocated"] + r["baseline"], abs_tol=0.03)
+        assert math.isclose(r["remote_total"], r["remote"] + r["baseline"], abs_tol=0.03)
     assert math.isclose(
         co_total, statistics.median(r["colocated_total"] for r in out["per_round"]), abs_tol=0.01
     )
