@@ -292,7 +292,9 @@ async def ws_leg(server: ServerProcess) -> CallerLeg:
     )
 
 
-async def webrtc_leg(server: ServerProcess, *, keep_levels: bool = False) -> CallerLeg:
+async def webrtc_leg(
+    server: ServerProcess, *, keep_levels: bool = False, instructions: str | None = None
+) -> CallerLeg:
     import aiohttp
 
     from media.webrtc import enable_loopback_ice
@@ -301,7 +303,10 @@ async def webrtc_leg(server: ServerProcess, *, keep_levels: bool = False) -> Cal
     enable_loopback_ice()  # the server runs with webrtc.loopback_only; this side gathers 127.0.0.1 too
     heard = HeardAudio(WEBRTC_RATE, keep_levels=keep_levels)
     caller = WebRTCCaller(loop=False, on_audio=heard.add, record_audio=False)
-    body = {"session": {"model": "gpt-live-1"}, "transport": {"type": "webrtc", "sdp": await caller.offer()}}
+    session: dict[str, Any] = {"model": "gpt-live-1"}
+    if instructions:
+        session["instructions"] = instructions
+    body = {"session": session, "transport": {"type": "webrtc", "sdp": await caller.offer()}}
     async with (
         aiohttp.ClientSession() as http,
         http.post(server.url + "/v1/live/sessions", json=body) as r,

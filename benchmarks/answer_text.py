@@ -2,7 +2,8 @@
 
 ``answer_quality.py`` asks its questions by voice, so whisper's mishearings and the machine's load are in its
 figures. This benchmark asks the same questions as text, straight to the engine's torch thinker (SmolLM2-135M,
-float32, the spoken decoding settings: greedy, repetition penalty 1.15, at most two sentences), to compare sets of
+float32, the spoken decoding settings: greedy, repetition penalty 1.15, at most two sentences unless asked for
+length), to compare sets of
 example turns (``engine.thinker.spoken_examples``) on what the example turns themselves decide:
 
 * **accuracy A**: ``answer_quality.py``'s 20 questions, keyword scoring as there (fresh session each);
@@ -15,8 +16,14 @@ example turns (``engine.thinker.spoken_examples``) on what the example turns the
   calls a stranger by someone else's name.
 
 * **story words**: with a storyteller's instructions ("Always answer at length, in many sentences."), the
-  words of the reply to "Tell me a long story about a dragon and a knight." (the spoken decoding caps it at two
-  sentences / 48 tokens): example turns must not override what a client's instructions ask for.
+  words of the reply to "Tell me a long story about a dragon and a knight.": example turns must not override
+  what a client's instructions ask for;
+* **default-instruction stories**: the words of the replies to five requests for length (``STORY_PROMPTS``:
+  "Please tell me a long story about a dragon who lives in a castle by the sea.", ...) under the default
+  instructions, as a caller of the browser page asks them: the spoken decoding lets a reply to a request for
+  length run to six sentences / 160 tokens (``prompting.asks_for_length``) and every other reply to two
+  sentences / 48 tokens;
+* **short**: the mean words of the replies to set A's questions (short questions must keep short answers).
 
 Sets compared in the same run: ``none`` (no example turns: the baseline); ``shipped``, what a voice session
 gets with the default settings (``factory.spoken_examples`` and ``factory.spoken_decoding``): three facts, then
@@ -30,7 +37,8 @@ Deterministic for one machine (greedy); another CPU's kernels can flip an answer
     python benchmarks/answer_text.py [--sets none,shipped,shipped-no-ban,greeting-first,facts-first] [--quick]
 
 Last stdout line: JSON with, per set, ``accuracy_a``, ``accuracy_b``, ``name_recall``, ``name_leaks`` (count of
-20), ``story_words``, and the shipped set's figures at the top level.
+20), ``story_words``, ``story_words_default`` (per story prompt) and its mean, ``short_answer_words_mean``, and
+the shipped set's figures at the top level.
 """
 
 from __future__ import annotations
@@ -131,6 +139,14 @@ SETS: dict[str, tuple[tuple[Message, ...], tuple[str, ...]]] = {
 }
 STORYTELLER = "You are a storyteller. Always answer at length, in many sentences."
 STORY_REQUEST = "Tell me a long story about a dragon and a knight."
+#: Requests for length asked under the default instructions (no client instructions, as on the browser page).
+STORY_PROMPTS: list[str] = [
+    "Please tell me a long story about a dragon who lives in a castle by the sea.",
+    "Tell me a long story about a dragon and a knight.",
+    "Can you tell me a story about a little fox in the snow?",
+    "Tell me a bedtime story about a brave mouse.",
+    "Describe your perfect day in detail.",
+]
 
 
 class Asker:
@@ -181,6 +197,7 @@ def evaluate(
     t0 = time.perf_counter()
     misses: list[str] = []
     acc: dict[str, float] = {}
+    short: list[int] = []  # the words of set A's replies: short questions must keep short answers
     exchanges = EXCHANGES[:1] + EXCHANGES_B[:1] if quick else EXCHANGES + EXCHANGES_B
     openings = NAMELESS_OPENINGS[:5] if quick else NAMELESS_OPENINGS
     for label, questions in (
@@ -190,6 +207,8 @@ def evaluate(
         ok = 0
         for q, keywords in questions:
             reply = asker.ask(examples, [q], banned_names=banned)[0]
+            if label == "a":
+                short.append(len(reply.split()))
             if correct(q, reply, keywords):
                 ok += 1
             else:
@@ -209,10 +228,15 @@ def evaluate(
             leaks += 1
             misses.append(f"leak: {opening!r} -> {reply!r}")
     story = asker.ask(examples, [STORY_REQUEST], STORYTELLER, banned)[0]
+    default_stories = [
+        asker.ask(examples, [q], None, banned)[0] for q in (STORY_PROMPTS[:2] if quick else STORY_PROMPTS)
+    ]
     took = time.perf_counter() - t0
     print(f"== {name}: {len(examples)} example turns, {took:.0f} s")
     for m in misses:
         print(f"   {m}")
+    for q, reply in zip(STORY_PROMPTS, default_stories, strict=False):
+        print(f"   story (default instructions): {len(reply.split())} words, {q!r} -> {reply!r}")
     return {
         "accuracy_a": acc["a"],
         "accuracy_b": acc["b"],
@@ -220,6 +244,9 @@ def evaluate(
         "name_leaks": leaks,
         "openings": len(openings),
         "story_words": len(story.split()),
+        "story_words_default": [len(r.split()) for r in default_stories],
+        "story_words_default_mean": sum(len(r.split()) for r in default_stories) / len(default_stories),
+        "short_answer_words_mean": sum(short) / len(short),
         "seconds": round(took, 1),
     }
 
@@ -238,15 +265,30 @@ def main() -> None:
     asker = Asker()
     results = {name: evaluate(asker, name, *SETS[name], args.quick) for name in chosen}
     print()
-    print(f"{'example turns':15} {'acc A':>6} {'acc B':>6} {'recall':>7} {'leaks':>9} {'story words':>12}")
+    print(
+        f"{'example turns':15} {'acc A':>6} {'acc B':>6} {'recall':>7} {'leaks':>9} {'story words':>12}"
+        f" {'default-instr. stories (words)':>31} {'short':>6}"
+    )
     for name, r in results.items():
+        stories = "/".join(str(w) for w in r["story_words_default"])
         print(
             f"{name:15} {r['accuracy_a']:6.2f} {r['accuracy_b']:6.2f} {r['name_recall']:7.2f}"
             f" {r['name_leaks']:>4} / {r['openings']} {r['story_words']:12d}"
+            f" {stories + ' (mean ' + format(r['story_words_default_mean'], '.0f') + ')':>31}"
+            f" {r['short_answer_words_mean']:6.1f}"
         )
     out: dict[str, Any] = {"sets": results}
     if "shipped" in results:
-        keys = ("accuracy_a", "accuracy_b", "name_recall", "name_leaks", "story_words")
+        keys = (
+            "accuracy_a",
+            "accuracy_b",
+            "name_recall",
+            "name_leaks",
+            "story_words",
+            "story_words_default",
+            "story_words_default_mean",
+            "short_answer_words_mean",
+        )
         out.update({k: results["shipped"][k] for k in keys})
     finish(out)
 

@@ -27,14 +27,28 @@ at real time. A poller thread watches the gain and epoch words in the egress rin
     old answer is inaudible;
   - ``flushed_p50_ms``: below -70 dBFS: the old answer is gone (the epoch flush; the duck leaves it near -60);
 
-  counted only in trials where the server's barge-in counter moved. The baseline, same run, is a server started
-  with ``duck_db=0``, which stops only at the epoch flush (the barge-in minimum of speech).
+  taken over the trials where the server's barge-in counter moved. Every trial started is counted (no retries):
+  each has an outcome, ``barged``, ``missed`` (no barge-in counted while the story was still audible or ducked
+  at the end of the watch), ``ended`` (no barge-in counted and the output fell to digital silence, below -70
+  dBFS, and stayed: the story ended; the Live dialect sends no reply-done event, so this is told from the
+  listener's audio, where a ducked story stays near -60 dBFS) or ``no_answer``, and the rates are over all
+  trials started. The baseline, same run, is a server started with ``duck_db=0``, which stops only at the epoch
+  flush (the barge-in minimum of speech).
 
   ``backchannel_interrupt_rate``: calls where, half a second into the story, the caller says a backchannel
   (Piper's "mm-hm" (from its phonemes: Piper spells the written word), "Uh-huh.", "Yeah.", "Right.", or a
   synthetic seeded cough: 150-250 ms of band-limited noise)
-  and the server barges in (its counter moves) or the story is not back within 10 dB of its level within 1 s after
-  the sound ends; interrupted / trials (20, 4 per kind; --backchannels N, --quick 5), per kind, and the same on the ``duck_db=0`` server.
+  and the server barges in (its counter moves), or the story is back within 10 dB of its level only later than
+  1 s after the sound ends, or never within the watch while the output is not silent (``stuck``: the duck never
+  lifted); interrupted / trials started (20, 4 per kind; --backchannels N, --quick 5), per kind, and the same on
+  the ``duck_db=0`` server. A story that fell silent and stayed so is ``ended`` (neither kept nor interrupted),
+  one never heard ``no_answer``; both stay in the denominator.
+
+Every session gets storyteller instructions and the story is asked as a commentary ("Tell the caller a story:
+..."), a request for length, so the answer runs past the two-sentence rule. Last line: JSON with
+``trials_started``, ``missed_bargeins``, ``ended_before_bargein``, ``no_answer``, ``stuck_after_backchannel`` and
+the outcome counts per path (``engine_outcomes``, ``webrtc_outcomes``, ``backchannel_outcomes``, ...) beside the
+latency percentiles.
 
     python benchmarks/bargein.py [--path engine|webrtc|all] [--trials 20] [--backchannels 20] [--quick]
 """
@@ -70,6 +84,16 @@ STORY = (
     "Tell the caller a story: a small fox crossed the frozen river at night, found a lantern in the snow, "
     "and carried it home to the old barn where the other animals were waiting."
 )
+#: The session's instructions: a storyteller, so that the story runs long enough to be interrupted (the commentary
+#: is a request for length too, which lifts the spoken two-sentence rule: ``prompting.asks_for_length``).
+STORYTELLER = "You are a storyteller. Always answer at length, in many sentences."
+#: Outcomes of an interruption trial (engine path; the WebRTC path says ``ended`` for ``ended_before``: its end is
+#: told from the listener's audio, before or during the confirmation).
+ENGINE_OUTCOMES = ("barged", "missed", "ended_before", "no_answer")
+WEBRTC_OUTCOMES = ("barged", "missed", "ended", "no_answer")
+#: Outcomes of a backchannel trial, and those that count as the backchannel interrupting the story.
+BACKCHANNEL_OUTCOMES = ("resumed", "barged", "resumed_late", "stuck", "ended", "no_answer")
+INTERRUPTED = frozenset({"barged", "resumed_late", "stuck"})
 
 
 class RingWatcher(threading.Thread):
@@ -97,14 +121,31 @@ class RingWatcher(threading.Thread):
         self._stop.set()
 
 
-async def trial(client, i: int) -> dict[str, float] | None:
-    session = await client.open_session()
+async def trial(client, i: int) -> dict[str, Any]:
+    """One engine trial, counted whatever happens. ``outcome``: ``barged`` (the epoch bumped: the flush),
+    ``missed`` (the story was still going and no bump came within 1.5 s of the interruption's end),
+    ``ended_before`` (the engine's ``ReplyDone(interrupted=False)`` for the story came before the flush: before
+    the barge-in point, or while the interruption was being confirmed), ``no_answer`` (no second of story played
+    within 30 s)."""
+    nan = float("nan")
+    row: dict[str, Any] = {
+        "outcome": "no_answer",
+        "duck_ms": nan,
+        "bump_ms": nan,
+        "client_stop_ms": nan,
+        "turn_based_ms": nan,
+    }
+    session = await client.open_session(p.SessionConfig(instructions=STORYTELLER))
     d = SessionDriver(session)
     try:
         await session.append_text("commentary", STORY)
-        await asyncio.wait_for(d.run(seconds=0, until=lambda d: d.played_seconds() > 1.0), 30)
+        try:
+            await asyncio.wait_for(d.run(seconds=0, until=lambda d: d.played_seconds() > 1.0), 30)
+        except TimeoutError:
+            return row
         if d.reply_done():
-            return None  # the answer was too short to interrupt
+            row["outcome"] = "ended_before"  # the whole story played before the barge-in point
+            return row
         speech = synthesize_speech(
             INTERRUPTIONS[i % len(INTERRUPTIONS)], lead_silence_ms=0, tail_silence_ms=0
         )
@@ -120,23 +161,21 @@ async def trial(client, i: int) -> dict[str, float] | None:
         )
         watcher.stop()
         onset = d.marks[marks]
-        duck_ms = (watcher.ducked_at - onset) * 1000 if watcher.ducked_at is not None else float("nan")
-        if watcher.bumped_at is None:
-            return {
-                "duck_ms": duck_ms,
-                "bump_ms": float("nan"),
-                "client_stop_ms": float("nan"),
-                "turn_based_ms": float("nan"),
-            }
+        row["duck_ms"] = (watcher.ducked_at - onset) * 1000 if watcher.ducked_at is not None else nan
         old_turn = d.of(p.ReplyStarted)[0].turn_id
+        if watcher.bumped_at is None:
+            ended = any(e.turn_id == old_turn and not e.interrupted for e in d.of(p.ReplyDone))
+            row["outcome"] = "ended_before" if ended else "missed"
+            return row
         last_old = max((pl.wall for pl in d.played if pl.turn_id == old_turn), default=onset)
         stopped = [t for t, e in d.timed(p.SpeechStopped) if t >= onset]
-        return {
-            "duck_ms": duck_ms,
+        row |= {
+            "outcome": "barged",
             "bump_ms": (watcher.bumped_at - onset) * 1000,
             "client_stop_ms": max(0.0, last_old - onset) * 1000,
-            "turn_based_ms": (stopped[0] - onset) * 1000 if stopped else float("nan"),
+            "turn_based_ms": (stopped[0] - onset) * 1000 if stopped else nan,
         }
+        return row
     finally:
         await session.close()
 
@@ -205,9 +244,9 @@ def cough(seed: int, rate: int) -> npt.NDArray[np.int16]:
 
 async def webrtc_trials(
     n: int, n_backchannels: int, *, duck_db: float | None
-) -> tuple[list[dict[str, float]], list[dict[str, Any]]]:
-    """Interruption trials (until ``n`` barge-ins were counted) and ``n_backchannels`` backchannel trials on one
-    server (``duck_db`` None: the default settings)."""
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Exactly ``n`` interruption trials and ``n_backchannels`` backchannel trials on one server (``duck_db``
+    None: the default settings), every one counted with its outcome (no retries)."""
     env = {
         "LIVEKIT_OMNI_WEBRTC__LOOPBACK_ONLY": "true",
         "LIVEKIT_OMNI_EVENT_LOG": "",
@@ -217,37 +256,31 @@ async def webrtc_trials(
         env["LIVEKIT_OMNI_ENGINE__TURN_TAKING__DUCK_DB"] = str(duck_db)
     name = f"duck_db={duck_db if duck_db is not None else 'default'}"
     server = await asyncio.to_thread(start_server, adapter="cascade", env=env, ready_timeout=400)
-    rows: list[dict[str, float]] = []
+    rows: list[dict[str, Any]] = []
     bcs: list[dict[str, Any]] = []
     try:
-        i = 0
-        while len(rows) < n and i < 3 * n:
-            i += 1
+        for i in range(1, n + 1):
             # A fresh call per trial, as on the engine path: no trial answers in the shadow of the one before
             # (a greedy model fed the same interruptions drifts into one-line answers too short to cut).
             row = await _webrtc_trial(server, i)
-            if row is None:
-                continue
             rows.append(row)
             print(
-                f"webrtc trial {len(rows):2d} ({name}): ducked {row['duck_ms']:5.0f} ms, inaudible "
+                f"webrtc trial {i:2d}/{n} ({name}): {row['outcome']:12} {row.get('words_after_onset', 0):3d} words after"
+                f" the onset, ducked {row['duck_ms']:5.0f} ms, inaudible "
                 f"{row['silent_ms']:5.0f} ms, flushed {row['flushed_ms']:5.0f} ms after the onset "
                 f"(answer at {row['level_dbfs']:5.1f} dBFS)",
                 file=sys.stderr,
                 flush=True,
             )
-        j = 0
-        while len(bcs) < n_backchannels and j < 3 * n_backchannels:
-            kind = BACKCHANNELS[len(bcs) % len(BACKCHANNELS)]
-            j += 1
+        for j in range(1, n_backchannels + 1):
+            kind = BACKCHANNELS[(j - 1) % len(BACKCHANNELS)]
             bc = await _backchannel_trial(server, kind, j)
-            if bc is None:
-                continue
             bcs.append(bc)
             print(
-                f"backchannel trial {len(bcs):2d} ({name}): {kind:8} "
-                f"{'INTERRUPTED' if bc['interrupted'] else 'kept'} (barge-in {bc['barged']}, story back "
-                f"{bc['restored_ms']:5.0f} ms after the sound)",
+                f"backchannel trial {j:2d}/{n_backchannels} ({name}): {kind:8} {bc['outcome']:12} "
+                f"{'INTERRUPTED' if bc['interrupted'] else ''} (barge-in {bc['barged']}, {bc.get('words_after_sound', 0)} words"
+                f" after the sound, story back "
+                f"{bc['restored_ms']:5.0f} ms after the sound, silent from {bc['silent_from_ms']:5.0f} ms)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -272,46 +305,112 @@ async def _story(leg: CallerLeg) -> float | None:
     return None if first is None else first[1]
 
 
-async def _webrtc_trial(server: ServerProcess, i: int) -> dict[str, float] | None:
-    """One call: the story, the interruption half a second into it, the stop measured at the listener; None when
-    no answer came or it ended on its own before the barge-in (its silence is no stop)."""
-    leg = await webrtc_leg(server, keep_levels=True)
+async def watch_words(leg: CallerLeg, until: float) -> list[float]:
+    """Poll the call until ``until``; the times at which output transcript deltas (the story's words, released
+    with the audio they describe, ducked or not) were seen."""
+    seen = len([k for k, _ in leg.transcripts() if k == "output"])
+    times: list[float] = []
+    while time.monotonic() < until:
+        await asyncio.sleep(0.05)
+        n = len([k for k, _ in leg.transcripts() if k == "output"])
+        times += [time.monotonic()] * (n - seen)
+        seen = n
+    return times
+
+
+def silent_from(leg: CallerLeg, t0: float, t1: float) -> float:
+    """The time from which every received 10 ms window up to ``t1`` is digital silence (below FLUSHED_DBFS: the
+    story is over, not ducked), searching from ``t0``; NaN when the output is not silent at ``t1``."""
+    after = [(d, t) for d, t in leg.heard.levels or [] if t0 <= t <= t1]
+    stop = NAN
+    for d, t in reversed(after):
+        if d >= FLUSHED_DBFS:
+            break
+        stop = t
+    return stop
+
+
+async def _webrtc_trial(server: ServerProcess, i: int) -> dict[str, Any]:
+    """One call: the story, the interruption half a second into it, the stop measured at the listener. Every
+    call is counted; ``outcome``:
+
+    * ``barged``: the server's barge-in counter moved (its latencies are the figures);
+    * ``missed``: it did not move, and the story was still audible or ducked (above -70 dBFS) at the end of the
+      watch, 1.8 s after the onset: the interruption was not taken as one;
+    * ``ended``: it did not move and the output fell to digital silence (below -70 dBFS) within the watch and
+      stayed there: the story ended by itself before the barge-in was confirmed (``ended_ms``: when, from the
+      onset; 0 or less: before the caller spoke). The Live dialect sends no reply-done event, so the end is told
+      from what the listener hears: a ducked story stays near -60 dBFS, an ended one is the decoder's silence;
+    * ``no_answer``: no story was heard within 30 s."""
+    row: dict[str, Any] = {
+        "outcome": "no_answer",
+        "duck_ms": NAN,
+        "silent_ms": NAN,
+        "flushed_ms": NAN,
+        "level_dbfs": NAN,
+        "ended_ms": NAN,
+    }
+    leg = await webrtc_leg(server, keep_levels=True, instructions=STORYTELLER)
     try:
         first = await _story(leg)
         if first is None:
-            print(f"webrtc trial {i}: no answer heard", file=sys.stderr)
-            return None
+            return row
         await asyncio.sleep(max(0.0, first + 0.5 - time.monotonic()))  # half a second of the story
         barge_ins = await asyncio.to_thread(_barge_ins, server.url)
         onset = await leg.say(INTERRUPTIONS[i % len(INTERRUPTIONS)], mark="onset")
-        await asyncio.sleep(max(0.0, onset + STOP_HOLD_S + 0.3 - time.monotonic()))
+        watch_end = onset + STOP_HOLD_S + 0.3
+        words = await watch_words(leg, watch_end)
         leg.heard.scan()
-        if await asyncio.to_thread(_barge_ins, server.url) == barge_ins:
-            print(f"webrtc trial {i}: the answer ended before the barge-in; retried", file=sys.stderr)
-            return None
         level = story_level(leg, onset)
-        return {
+        row["level_dbfs"] = level
+        row["words_after_onset"] = len(words)
+        if await asyncio.to_thread(_barge_ins, server.url) == barge_ins:
+            quiet = silent_from(leg, first, watch_end)
+            # Ended: silent at the end of the watch and no word of the story in its last 0.5 s (a ducked story
+            # goes on releasing its words; through Opus its audio can fall below -70 dBFS too).
+            still_talking = any(t > watch_end - 0.5 for t in words)
+            row["outcome"] = "ended" if quiet == quiet and not still_talking else "missed"
+            row["ended_ms"] = (quiet - onset) * 1000
+            return row
+        row |= {
+            "outcome": "barged",
             "duck_ms": stays_below_ms(leg, onset, level - DUCK_BELOW_DB) if level == level else NAN,
             "silent_ms": stays_below_ms(leg, onset, AUDIBLE_DBFS),
             "flushed_ms": stays_below_ms(leg, onset, FLUSHED_DBFS),
-            "level_dbfs": level,
         }
+        return row
     finally:
         for close in leg.closers:
             await close()
 
 
-async def _backchannel_trial(server: ServerProcess, kind: str, j: int) -> dict[str, Any] | None:
-    """One call: the story, a backchannel half a second into it. Interrupted: the server counted a barge-in, or the
-    story was not back to its level within RESTORE_WITHIN_S of the sound's end. None: no story came, or it ended
-    before the sound did (nothing to interrupt)."""
-    leg = await webrtc_leg(server, keep_levels=True)
+async def _backchannel_trial(server: ServerProcess, kind: str, j: int) -> dict[str, Any]:
+    """One call: the story, a backchannel half a second into it. Every call is counted; ``outcome``:
+
+    * ``resumed``: no barge-in, and the story was back within 10 dB of its level within RESTORE_WITHIN_S of the
+      sound's end (kept);
+    * ``barged``: the server counted a barge-in (interrupted);
+    * ``resumed_late``: no barge-in, the story came back, but later than RESTORE_WITHIN_S (interrupted);
+    * ``stuck``: no barge-in, the story never came back within the watch (RESTORE_WITHIN_S + 0.3 s after the
+      sound) and the output is not silent: the duck never lifted (interrupted);
+    * ``ended``: no barge-in, the story not back, and the output fell to digital silence (below -70 dBFS) and
+      stayed: the story ended by itself (neither kept nor interrupted; ``silent_from_ms``: when, from the
+      sound's end);
+    * ``no_answer``: no story was heard, or none before the sound (neither)."""
+    row: dict[str, Any] = {
+        "kind": kind,
+        "outcome": "no_answer",
+        "barged": False,
+        "restored_ms": NAN,
+        "silent_from_ms": NAN,
+        "interrupted": False,
+    }
+    leg = await webrtc_leg(server, keep_levels=True, instructions=STORYTELLER)
     assert leg.say_pcm is not None
     try:
         first = await _story(leg)
         if first is None:
-            print(f"backchannel trial {j}: no answer heard", file=sys.stderr)
-            return None
+            return row
         await asyncio.sleep(max(0.0, first + 0.5 - time.monotonic()))
         barge_ins = await asyncio.to_thread(_barge_ins, server.url)
         before = time.monotonic()
@@ -319,23 +418,28 @@ async def _backchannel_trial(server: ServerProcess, kind: str, j: int) -> dict[s
             end = await leg.say_pcm(cough(j, WEBRTC_RATE), mark="end")
         else:
             end = await leg.say(BACKCHANNEL_SPEECH[kind], mark="end")
-        await asyncio.sleep(max(0.0, end + RESTORE_WITHIN_S + 0.3 - time.monotonic()))
+        watch_end = end + RESTORE_WITHIN_S + 0.3
+        words = await watch_words(leg, watch_end)
+        row["words_after_sound"] = len(words)
         leg.heard.scan()
         barged = await asyncio.to_thread(_barge_ins, server.url) != barge_ins
+        row["barged"] = barged
         level = story_level(leg, before)
         if level != level:
-            return None
+            return row  # nothing audible before the sound: no story to keep
         back = [t for d, t in leg.heard.levels or [] if t > end and d >= level - RESTORED_WITHIN_DB]
-        restored_ms = (back[0] - end) * 1000 if back else NAN
-        if not barged and not back:
-            # Neither flushed nor back: the story may simply have ended; more than a second after the sound, any
-            # loud window says it was still going.
-            later = [t for d, t in leg.heard.levels or [] if t > end + RESTORE_WITHIN_S and d > AUDIBLE_DBFS]
-            if not later:
-                print(f"backchannel trial {j}: the story ended by itself; retried", file=sys.stderr)
-                return None
-        interrupted = barged or not (restored_ms <= RESTORE_WITHIN_S * 1000)
-        return {"kind": kind, "barged": barged, "restored_ms": restored_ms, "interrupted": interrupted}
+        row["restored_ms"] = (back[0] - end) * 1000 if back else NAN
+        quiet = silent_from(leg, end, watch_end)
+        row["silent_from_ms"] = (quiet - end) * 1000
+        if barged:
+            row["outcome"] = "barged"
+        elif back:
+            row["outcome"] = "resumed" if row["restored_ms"] <= RESTORE_WITHIN_S * 1000 else "resumed_late"
+        else:
+            still_talking = any(t > watch_end - 0.5 for t in words)
+            row["outcome"] = "ended" if quiet == quiet and not still_talking else "stuck"
+        row["interrupted"] = row["outcome"] in INTERRUPTED
+        return row
     finally:
         for close in leg.closers:
             await close()
@@ -350,22 +454,18 @@ def _finite(xs: list[float]) -> list[float]:
     return [x for x in xs if x == x]
 
 
-async def engine_trials(n: int) -> list[dict[str, float]]:
+async def engine_trials(n: int) -> list[dict[str, Any]]:
+    """Exactly ``n`` engine trials, each counted with its outcome (no retries)."""
     eng = spawn_engine(adapter="cascade")
-    rows: list[dict[str, float]] = []
+    rows: list[dict[str, Any]] = []
     try:
         client = await connect_engine(eng)
-        i = 0
-        while len(rows) < n and i < 3 * n:
+        for i in range(n):
             r = await trial(client, i)
-            i += 1
-            if r is None:
-                print(f"trial {i}: answer too short, retried", file=sys.stderr)
-                continue
             rows.append(r)
             print(
-                f"trial {len(rows):2d}: ducked {r['duck_ms']:6.0f} ms, bump {r['bump_ms']:6.0f} ms, client stop {r['client_stop_ms']:6.0f} ms, "
-                f"turn-based {r['turn_based_ms']:6.0f} ms",
+                f"trial {i + 1:2d}/{n}: {r['outcome']:12} ducked {r['duck_ms']:6.0f} ms, bump {r['bump_ms']:6.0f} ms, "
+                f"client stop {r['client_stop_ms']:6.0f} ms, turn-based {r['turn_based_ms']:6.0f} ms",
                 file=sys.stderr,
                 flush=True,
             )
@@ -373,6 +473,15 @@ async def engine_trials(n: int) -> list[dict[str, float]]:
     finally:
         eng.stop()
     return rows
+
+
+def outcomes(rows: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, int]:
+    """How many of ``rows`` had each outcome (every name present, zeros included)."""
+    return {k: sum(r["outcome"] == k for r in rows) for k in names}
+
+
+def _rate(k: int, n: int) -> float:
+    return k / n if n else NAN
 
 
 async def main() -> None:
@@ -387,22 +496,36 @@ async def main() -> None:
     n = 5 if args.quick else args.trials
     t0 = time.monotonic()
     out: dict[str, Any] = {}
+    started = missed = ended = no_answer = 0
     print()
     if args.path in ("engine", "all"):
         rows = await engine_trials(n)
+        barged = [r for r in rows if r["outcome"] == "barged"]
         duck = _finite([r["duck_ms"] for r in rows])
-        bump = _finite([r["bump_ms"] for r in rows])
-        stop = _finite([r["client_stop_ms"] for r in rows])
-        turn = _finite([r["turn_based_ms"] for r in rows])
-        print(f"{'engine: barge-in (ms, n=' + str(len(rows)) + ')':44} {'p50':>8} {'p95':>8}")
-        print(f"{'speech onset -> output ducked (gain word)':44} {pct(duck, 50):8.0f} {pct(duck, 95):8.0f}")
-        print(f"{'speech onset -> epoch bump (the flush)':44} {pct(bump, 50):8.0f} {pct(bump, 95):8.0f}")
-        print(f"{'speech onset -> last stale frame':44} {pct(stop, 50):8.0f} {pct(stop, 95):8.0f}")
-        print(f"{'baseline: stop at turn end (VAD)':44} {pct(turn, 50):8.0f} {pct(turn, 95):8.0f}")
+        bump = _finite([r["bump_ms"] for r in barged])
+        stop = _finite([r["client_stop_ms"] for r in barged])
+        turn = _finite([r["turn_based_ms"] for r in barged])
+        counts = outcomes(rows, ENGINE_OUTCOMES)
         print(
-            f"missed bumps: {len(rows) - len(bump)}; the flush waits for the interruption's confirmation while "
-            "the output is ducked (the duck is what the caller hears; at the listener: --path webrtc)"
+            f"{'engine: barge-in (ms, ' + str(len(rows)) + ' trials started)':44} {'p50':>8} {'p95':>8} {'n':>4}"
         )
+        for label, xs in (
+            ("speech onset -> output ducked (gain word)", duck),
+            ("speech onset -> epoch bump (the flush)", bump),
+            ("speech onset -> last stale frame", stop),
+            ("baseline: stop at turn end (VAD)", turn),
+        ):
+            print(f"{label:44} {pct(xs, 50):8.0f} {pct(xs, 95):8.0f} {len(xs):4d}")
+        print(
+            "outcomes of the trials started: "
+            + ", ".join(f"{k} {v} ({_rate(v, len(rows)):.2f})" for k, v in counts.items())
+            + "; the flush waits for the interruption's confirmation while the output is ducked (the duck is "
+            "what the caller hears; at the listener: --path webrtc)"
+        )
+        started += len(rows)
+        missed += counts["missed"]
+        ended += counts["ended_before"]
+        no_answer += counts["no_answer"]
         out |= {
             "engine_duck_p50_ms": pct(duck, 50),
             "engine_duck_p95_ms": pct(duck, 95),
@@ -411,7 +534,10 @@ async def main() -> None:
             "client_stop_p50_ms": pct(stop, 50),
             "client_stop_p95_ms": pct(stop, 95),
             "turn_based_stop_p50_ms": pct(turn, 50),
-            "missed": len(rows) - len(bump),
+            "engine_trials_started": len(rows),
+            "engine_outcomes": counts,
+            "engine_bargein_rate": _rate(counts["barged"], len(rows)),
+            "missed": counts["missed"],
             "trials": len(rows),
         }
     if args.path in ("webrtc", "all"):
@@ -419,14 +545,21 @@ async def main() -> None:
         nb = 5 if args.quick else args.backchannels
         ducked, bcs = await webrtc_trials(m, nb, duck_db=None)
         flushed, base_bcs = await webrtc_trials(m, len(BACKCHANNELS), duck_db=0.0)
-        d = _finite([r["duck_ms"] for r in ducked])
-        sil = _finite([r["silent_ms"] for r in ducked])
-        fl = _finite([r["flushed_ms"] for r in ducked])
-        f = _finite([r["duck_ms"] for r in flushed])
-        fsil = _finite([r["silent_ms"] for r in flushed])
-        ffl = _finite([r["flushed_ms"] for r in flushed])
+        got = [r for r in ducked if r["outcome"] == "barged"]
+        base_got = [r for r in flushed if r["outcome"] == "barged"]
+        d = _finite([r["duck_ms"] for r in got])
+        sil = _finite([r["silent_ms"] for r in got])
+        fl = _finite([r["flushed_ms"] for r in got])
+        f = _finite([r["duck_ms"] for r in base_got])
+        fsil = _finite([r["silent_ms"] for r in base_got])
+        ffl = _finite([r["flushed_ms"] for r in base_got])
+        counts = outcomes(ducked, WEBRTC_OUTCOMES)
+        base_counts = outcomes(flushed, WEBRTC_OUTCOMES)
         print()
-        print(f"{'webrtc: caller onset -> (ms)':44} {'p50':>8} {'p95':>8} {'missed':>7}")
+        print(
+            f"{'webrtc: caller onset -> (ms)':44} {'p50':>8} {'p95':>8} {'n':>4} {'not there':>10}"
+            "   (n: barged trials with the figure; not there: started trials without it)"
+        )
         for label, xs, rows in (
             ("old answer 30 dB down (duck)", d, ducked),
             ("old answer inaudible (< -45 dBFS)", sil, ducked),
@@ -435,25 +568,50 @@ async def main() -> None:
             ("baseline duck_db=0: inaudible", fsil, flushed),
             ("baseline duck_db=0: flushed", ffl, flushed),
         ):
-            print(f"{label:44} {pct(xs, 50):8.0f} {pct(xs, 95):8.0f} {len(rows) - len(xs):7d}")
-        rate = sum(b["interrupted"] for b in bcs) / len(bcs) if bcs else NAN
-        base_rate = sum(b["interrupted"] for b in base_bcs) / len(base_bcs) if base_bcs else NAN
+            print(f"{label:44} {pct(xs, 50):8.0f} {pct(xs, 95):8.0f} {len(xs):4d} {len(rows) - len(xs):10d}")
         print()
-        print(f"{'backchannels: interrupted / trials':44} {'default':>8} {'duck_db=0':>10}")
+        print(f"{'interruption trials: outcome / started':44} {'default':>12} {'duck_db=0':>12}")
+        for k in WEBRTC_OUTCOMES:
+            print(
+                f"{k:44} {counts[k]:4d} / {len(ducked):2d} ({_rate(counts[k], len(ducked)):.2f})"
+                f" {base_counts[k]:4d} / {len(flushed):2d}"
+            )
+        bc_counts = outcomes(bcs, BACKCHANNEL_OUTCOMES)
+        base_bc_counts = outcomes(base_bcs, BACKCHANNEL_OUTCOMES)
+        rate = _rate(sum(b["interrupted"] for b in bcs), len(bcs))
+        base_rate = _rate(sum(b["interrupted"] for b in base_bcs), len(base_bcs))
+        print()
+        print(f"{'backchannels: outcome / started':44} {'default':>12} {'duck_db=0':>12}")
+        for k in BACKCHANNEL_OUTCOMES:
+            tag = " (interrupted)" if k in INTERRUPTED else ""
+            print(
+                f"{k + tag:44} {bc_counts[k]:4d} / {len(bcs):2d} ({_rate(bc_counts[k], len(bcs)):.2f})"
+                f" {base_bc_counts[k]:4d} / {len(base_bcs):2d}"
+            )
+        print(f"{'by kind: interrupted / started':44}")
         for kind in BACKCHANNELS:
             mine = [b for b in bcs if b["kind"] == kind]
             base = [b for b in base_bcs if b["kind"] == kind]
             print(
-                f"{kind:44} {sum(b['interrupted'] for b in mine):3d} / {len(mine):2d} "
-                f"{sum(b['interrupted'] for b in base):4d} / {len(base):2d}"
+                f"{'  ' + kind:44} {sum(b['interrupted'] for b in mine):4d} / {len(mine):2d}"
+                f"        {sum(b['interrupted'] for b in base):4d} / {len(base):2d}"
             )
-        restored = _finite([b["restored_ms"] for b in bcs if not b["barged"]])
-        print(f"{'all (rate)':44} {rate:8.2f} {base_rate:10.2f}")
+        restored = _finite([b["restored_ms"] for b in bcs if b["outcome"] == "resumed"])
+        print(f"{'interrupt rate (over all started)':44} {rate:12.2f} {base_rate:12.2f}")
         print(
             f"story back after a kept backchannel's end: p50 {pct(restored, 50):.0f} ms, max "
             f"{max(restored, default=NAN):.0f} ms"
         )
         print("targets: duck p50 <= 60 ms, inaudible p50 <= 200 ms, backchannels interrupt <= 5 %")
+        started += len(ducked) + len(flushed) + len(bcs) + len(base_bcs)
+        missed += counts["missed"] + base_counts["missed"]
+        ended += counts["ended"] + base_counts["ended"] + bc_counts["ended"] + base_bc_counts["ended"]
+        no_answer += (
+            counts["no_answer"]
+            + base_counts["no_answer"]
+            + bc_counts["no_answer"]
+            + base_bc_counts["no_answer"]
+        )
         out |= {
             "duck_p50_ms": pct(d, 50),
             "duck_p95_ms": pct(d, 95),
@@ -461,12 +619,18 @@ async def main() -> None:
             "silent_p95_ms": pct(sil, 95),
             "flushed_p50_ms": pct(fl, 50),
             "flushed_p95_ms": pct(fl, 95),
+            "webrtc_bargein_rate": _rate(counts["barged"], len(ducked)),
+            "webrtc_outcomes": counts,
+            "webrtc_baseline_outcomes": base_counts,
             "backchannel_interrupt_rate": rate,
             "backchannel_trials": len(bcs),
+            "backchannel_outcomes": bc_counts,
             "backchannel_interrupts_by_kind": {
                 k: sum(b["interrupted"] for b in bcs if b["kind"] == k) for k in BACKCHANNELS
             },
             "baseline_backchannel_interrupt_rate": base_rate,
+            "baseline_backchannel_outcomes": base_bc_counts,
+            "stuck_after_backchannel": bc_counts["stuck"],
             "webrtc_duck_p50_ms": pct(d, 50),
             "webrtc_duck_p95_ms": pct(d, 95),
             "webrtc_flush_only_p50_ms": pct(f, 50),
@@ -474,6 +638,21 @@ async def main() -> None:
             "webrtc_duck_missed": len(ducked) - len(d),
             "webrtc_trials": len(ducked),
         }
+    out |= {
+        "trials_started": started,
+        "missed_bargeins": missed,
+        "ended_before_bargein": ended,
+        "no_answer": no_answer,
+    }
+    print(
+        f"\nall paths: {started} trials started, {missed} missed barge-ins, {ended} answers that ended by themselves,"
+        f" {no_answer} without an answer"
+        + (
+            f", {out['stuck_after_backchannel']} stuck after a backchannel"
+            if "stuck_after_backchannel" in out
+            else ""
+        )
+    )
     print(f"wall time {time.monotonic() - t0:.0f} s")
     finish(out)
 

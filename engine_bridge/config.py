@@ -129,7 +129,13 @@ class ThinkerSettings(BaseModel):
     #: carry what they attended to), ``rebuild`` re-prefills the trimmed conversation (exact, but seconds of
     #: the engine thread per trim on a CPU). vLLM always re-prefills (from its prefix cache where it can).
     context_trim: Literal["shift", "rebuild"] = "shift"
+    #: A spoken reply's token cap (and two sentences), unless the caller asked for length.
     max_reply_tokens: int = Field(48, ge=4, le=1024)
+    #: The token cap of a spoken reply to a request for length ("Tell me a long story ...", "describe ...":
+    #: ``thinker.prompting.asks_for_length``), which may also run to six sentences instead of two. At or below
+    #: ``max_reply_tokens``: no lift, every reply is capped by ``max_reply_tokens`` and two sentences. The
+    #: context keeps room for the larger of the two.
+    long_reply_tokens: int = Field(160, ge=4, le=1024)
     #: Empty: the built-in spoken-assistant prompt.
     system_prompt: str = ""
     #: Example turns every voice session starts with, pinned after the system prompt (short "X is Y." answers

@@ -37,5 +37,19 @@ def test_answer_text_quick_reports_each_set() -> None:
             assert 0.0 <= figures[key] <= 1.0, (key, figures)
         assert figures["openings"] == 5 and 0 <= figures["name_leaks"] <= 5
         assert figures["story_words"] > 0
-    for key in ("accuracy_a", "accuracy_b", "name_recall", "name_leaks", "story_words"):
+        # Stories asked for under the default instructions (two in a quick run) and set A's answers' length.
+        stories = figures["story_words_default"]
+        assert len(stories) == 2 and all(w > 0 for w in stories), figures
+        assert figures["story_words_default_mean"] == sum(stories) / len(stories)
+        assert figures["short_answer_words_mean"] > 0
+    for key in (
+        "accuracy_a",
+        "accuracy_b",
+        "name_recall",
+        "name_leaks",
+        "story_words",
+        "story_words_default",
+        "story_words_default_mean",
+        "short_answer_words_mean",
+    ):
         assert out[key] == out["sets"]["shipped"][key]

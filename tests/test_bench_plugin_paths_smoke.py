@@ -1,5 +1,5 @@
 """Smoke test for benchmarks/plugin_paths.py: a short run of two rounds completes, its last line is the JSON it
-promises, the headline figures are the medians of the rounds and the ratio is the arithmetic it claims, both paths delivered audio both ways, and no ring segment is left behind.
+promises, the headline figures are the medians of the rounds and the ratio is the arithmetic it claims, the totals (nothing subtracted) and their ratio stand beside it, both paths delivered audio both ways, and no ring segment is left behind.
 
 The issue's target (ratio >= 5) is not asserted: this box shares two vCPUs with other jobs, and the benchmark is
 the place to read it.
@@ -41,6 +41,18 @@ def test_plugin_paths_short_run_reports_both_paths() -> None:
     assert out["remote_server_us_per_frame"] > 0  # the serve process did the remote path's server half
     if co > 0:
         assert math.isclose(out["ratio"], remote / co, rel_tol=0.02, abs_tol=0.02)
+    # The totals (nothing subtracted) stand beside the subtracted figures: the co-located agent's CPU, the remote
+    # agent's plus serve's, and their ratio, in the JSON and in the table.
+    co_total, remote_total = out["colocated_total_us_per_frame"], out["remote_total_us_per_frame"]
+    assert co_total > 0 and remote_total > 0
+    assert math.isclose(out["ratio_totals"], remote_total / co_total, rel_tol=0.02, abs_tol=0.02)
+    for r in out["per_round"]:  # each figure is rounded to 0.01 in the JSON, so a sum may be 0.02 off
+        assert math.isclose(r["colocated_total"], r["colocated"] + r["baseline"], abs_tol=0.03)
+        assert math.isclose(r["remote_total"], r["remote"] + r["baseline"], abs_tol=0.03)
+    assert math.isclose(
+        co_total, statistics.median(r["colocated_total"] for r in out["per_round"]), abs_tol=0.01
+    )
+    assert any(line.startswith("ratio of the totals (nothing subtracted)") for line in lines)
     # Rounds (the four modes measured at once, one process each): a row each and the medians, which are the
     # headline figures.
     assert out["method"] == "concurrent"

@@ -32,6 +32,7 @@ from engine_bridge.thinker.prompting import (
     SPOKEN_EXAMPLE_NAMES,
     SPOKEN_EXAMPLES,
     ChatFormat,
+    asks_for_length,
     ends_sentence,
 )
 from engine_bridge.thinker.torch_backend import DEFAULT_DTYPE, TorchThinker, TorchThinkerConfig
@@ -178,7 +179,9 @@ def test_spoken_questions_get_short_answers(real: TorchThinker) -> None:
         text, reason, n = ask(real, "q", question)
         real.close("q")
         assert any(a in text.lower() for a in (x.lower() for x in any_of)), (question, text)
-        assert n <= SPOKEN_DECODING.max_tokens and reason in ("stop", "sentence"), (question, text)
+        # 48 tokens: the cap of a reply nobody asked to be long (max_tokens is a story's, 160).
+        assert SPOKEN_DECODING.brief_max_tokens == 48
+        assert n <= SPOKEN_DECODING.brief_max_tokens and reason in ("stop", "sentence"), (question, text)
         sentences = sum(
             1 for i in range(1, len(text) + 1) if ends_sentence(text[:i]) and text[i : i + 1] in ("", " ")
         )
@@ -190,6 +193,64 @@ def _voice_session(real: TorchThinker, sid: str) -> None:
     default spoken decoding (which bans their names until the caller says them)."""
     settings = EngineSettings()
     real.open(sid, decoding=spoken_decoding(settings), examples=spoken_examples(settings))
+
+
+def _sentences(text: str) -> int:
+    return sum(
+        1 for i in range(1, len(text) + 1) if ends_sentence(text[:i]) and text[i : i + 1] in ("", " ", "\n")
+    )
+
+
+def test_a_story_asked_for_under_the_default_instructions_is_long(real: TorchThinker) -> None:
+    """A caller of the browser page (no instructions: the default prompt, the example turns, the spoken decoding)
+    who asks for a story gets several sentences, not the two-sentence rule of short answers: measured 138 and 104
+    words (six and five sentences) for these two (benchmarks/answer_text.py, default-instruction stories), 45 and
+    37 words in two sentences before the lift, the first cut mid-sentence by the 48-token cap. 60 words and three
+    sentences leave room for another CPU's kernels flipping a token."""
+    for sid, request in (
+        ("dragon", "Please tell me a long story about a dragon who lives in a castle by the sea."),
+        ("knight", "Tell me a long story about a dragon and a knight."),
+    ):
+        _voice_session(real, sid)
+        text, reason, n = ask(real, sid, request)
+        real.close(sid)
+        assert len(text.split()) >= 60 and _sentences(text) >= 3, (request, text)
+        assert n <= SPOKEN_DECODING.max_tokens and reason in ("stop", "sentence", "length"), (request, reason)
+
+
+def test_short_questions_in_a_voice_session_keep_short_answers(real: TorchThinker) -> None:
+    """The lift for a request for length leaves every other reply to two sentences and 48 tokens."""
+    for sid, question, answer in (
+        ("fr", "What is the capital of France?", "Paris"),
+        ("sky", "What color is the sky on a clear day?", "blue"),
+    ):
+        _voice_session(real, sid)
+        text, reason, n = ask(real, sid, question)
+        real.close(sid)
+        assert answer in text, text
+        assert n <= 48 and _sentences(text) <= 2 and reason in ("stop", "sentence"), (question, text)
+
+
+def test_which_messages_ask_for_length() -> None:
+    for text in (
+        "Please tell me a long story about a dragon who lives in a castle by the sea.",
+        "Can you tell me a story about a little fox?",
+        "Tell me a fairy tale.",
+        "Describe your perfect day.",
+        "Explain how rain forms, in detail.",
+        "Tell me about the moon.",
+        "Tell the caller a story: a small fox crossed the frozen river at night.",
+    ):
+        assert asks_for_length(text), text
+    for text in (
+        "What is the capital of France?",
+        "How long is a day on Mars?",
+        "What is the history of Rome?",
+        "My name is Tom. What is my name?",
+        "Tell me something nice.",
+        "",
+    ):
+        assert not asks_for_length(text), text
 
 
 def test_a_name_the_caller_gave_is_recalled(real: TorchThinker) -> None:

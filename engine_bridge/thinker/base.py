@@ -300,6 +300,14 @@ class DecodingSettings:
     repetition_penalty: float = 1.0
     #: Stop once this many sentences are complete (None: no limit).
     max_sentences: int | None = None
+    #: Replies not asked for length stop at this many tokens (with ``max_tokens`` the tighter; finish reason
+    #: ``sentence``: the spoken-length rule, not the hard cap); None: ``max_tokens`` alone. With
+    #: ``long_max_sentences``, ``max_tokens`` is the cap of a reply asked for length.
+    brief_max_tokens: int | None = None
+    #: A reply to a message that asks for length (a story, a description: ``prompting.asks_for_length``, read
+    #: from the latest message before the reply that is not the assistant's) stops after this many sentences
+    #: instead of ``max_sentences``, and only ``max_tokens`` caps it (not ``brief_max_tokens``). None: no lift.
+    long_max_sentences: int | None = None
     #: Keep generating through end-of-turn tokens (benchmarks that need a fixed token count).
     ignore_eos: bool = False
     seed: int | None = None
@@ -319,6 +327,10 @@ class DecodingSettings:
     def __post_init__(self) -> None:
         if self.max_tokens < 1 or self.max_call_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if (self.brief_max_tokens is not None and self.brief_max_tokens < 1) or (
+            self.long_max_sentences is not None and self.long_max_sentences < 1
+        ):
+            raise ValueError(f"brief_max_tokens and long_max_sentences must be >= 1: {self}")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.repetition_penalty <= 0:
             raise ValueError(f"invalid decoding settings: {self}")
         for word in self.unprompted_words:

@@ -42,11 +42,24 @@ def spoken_examples(settings: EngineSettings) -> tuple[Message, ...]:
 
 
 def spoken_decoding(settings: EngineSettings) -> DecodingSettings:
-    """How voice sessions' replies are decoded by default. With the example turns, their names may not be said
-    until the conversation says them (``prompting.SPOKEN_EXAMPLE_NAMES``)."""
+    """How voice sessions' replies are decoded by default: ``max_reply_tokens`` and two sentences, a request
+    for length ``long_reply_tokens`` and six (``prompting.asks_for_length``). With the example turns, their
+    names may not be said until the conversation says them (``prompting.SPOKEN_EXAMPLE_NAMES``)."""
+    t = settings.thinker
     names = SPOKEN_EXAMPLE_NAMES if spoken_examples(settings) else ()
+    if t.long_reply_tokens > t.max_reply_tokens:
+        return dataclasses.replace(
+            SPOKEN_DECODING,
+            max_tokens=t.long_reply_tokens,
+            brief_max_tokens=t.max_reply_tokens,
+            unprompted_words=names,
+        )
     return dataclasses.replace(
-        SPOKEN_DECODING, max_tokens=settings.thinker.max_reply_tokens, unprompted_words=names
+        SPOKEN_DECODING,
+        max_tokens=t.max_reply_tokens,
+        brief_max_tokens=None,
+        long_max_sentences=None,
+        unprompted_words=names,
     )
 
 

@@ -25,14 +25,16 @@ What to expect from SmolLM2-135M-Instruct (measured with :data:`DEFAULT_SYSTEM_P
   math problem that has been debated for centuries."); "tell me a joke" gets a non-joke; the tallest
   mountain comes with invented numbers.
 * Without a repetition penalty and a length cap it loops ("It's a miracle. It's not just ...") and rambles;
-  ``repetition_penalty=1.15``, ``max_sentences=2`` and ``max_tokens=48`` keep replies to one or two
-  sentences (typically 8-25 tokens).
+  ``repetition_penalty=1.15``, ``max_sentences=2`` and ``brief_max_tokens=48`` keep replies to one or two
+  sentences (typically 8-25 tokens). A request for length ("Tell me a long story about ...", "describe ...")
+  lifts that to six sentences and ``max_tokens=160`` (:func:`asks_for_length`).
 * It does not reliably recall a fact from two turns back (a name, a number). The engine's tests check the
   KV-lease *mechanics* (stats, token logs), never this model's memory.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,14 +81,35 @@ SPOKEN_EXAMPLES: tuple[Message, ...] = (
 SPOKEN_EXAMPLE_NAMES: tuple[str, ...] = ("Tom",)
 
 #: Decoding for spoken replies: greedy (reproducible, and sampling makes a 135M model worse), a mild
-#: repetition penalty against loops, at most two sentences, and a token cap that bounds a reply to ~10 s of
-#: speech even when the model never stops.
+#: repetition penalty against loops, at most two sentences and 48 tokens (~10 s of speech even when the model
+#: never stops), except for a reply to a request for length (:func:`asks_for_length`: "Tell me a long story
+#: about a dragon ..."), which may run to six sentences and 160 tokens (~35 s). Measured under the default
+#: instructions (benchmarks/answer_text.py, docs/benchmarks.md): with the two-sentence rule for every reply the
+#: dragon story stopped mid-sentence at the token cap (45 words); with the lift, 104-138 words for three of five
+#: story prompts, while the other two and every short question end on their own (EOS) as before.
 SPOKEN_DECODING = DecodingSettings(
-    max_tokens=48,
+    max_tokens=160,
     temperature=0.0,
     repetition_penalty=1.15,
     max_sentences=2,
+    brief_max_tokens=48,
+    long_max_sentences=6,
 )
+
+#: Words of a message that asks for a long answer: a story or a tale, a description, an explanation, "in
+#: detail", "at length", "tell me more / about".
+_ASKS_FOR_LENGTH = re.compile(
+    r"\b(stor(y|ies)|tales?|fairy ?tales?|poems?|describe|explain|in (more )?detail|at length|a long|"
+    r"long (answer|reply|one)|tell me (more|about|everything))\b",
+    re.IGNORECASE,
+)
+
+
+def asks_for_length(text: str) -> bool:
+    """True when ``text`` asks for a long answer (a story, a description, "in detail", "tell me about ..."): the
+    reply to it may run past the two-sentence rule (``DecodingSettings.long_max_sentences``)."""
+    return bool(_ASKS_FOR_LENGTH.search(text))
+
 
 #: Roles as the template should see them. Engine context ("developer") is rendered as a system turn,
 #: the only instruction role ChatML models are trained on.

@@ -34,6 +34,7 @@ from .base import (
     LogSnapshot,
     Message,
     Role,
+    Segment,
     StepOutput,
     ThinkerBackend,
     ThinkerStateError,
@@ -41,7 +42,7 @@ from .base import (
     TokenLog,
     UnknownSessionError,
 )
-from .prompting import ChatFormat, EncodedMessage, ends_sentence
+from .prompting import ChatFormat, EncodedMessage, asks_for_length, ends_sentence
 from .tools import (
     ToolCallFormat,
     ToolChoice,
@@ -140,6 +141,15 @@ def fit_message(
     return EncodedMessage(enc.prefix, content, enc.suffix), fmt.decode(content)
 
 
+def _latest_request(segments: Sequence[Segment]) -> str:
+    """The text of the latest message before the open reply that is not the assistant's (the caller's words,
+    engine context or a commentary to speak), or "" when there is none."""
+    for seg in reversed(segments):
+        if seg.role != "assistant":
+            return seg.text
+    return ""
+
+
 def _parts(enc: EncodedMessage) -> tuple[list[int], list[int], list[int]]:
     return enc.prefix, enc.content, enc.suffix
 
@@ -169,6 +179,9 @@ class ReplyProgress:
     banned: tuple[int, ...] = ()
     #: The reply's tool state when its session has tools (what is said aloud, whether a call is open).
     tool: ToolReplyState | None = None
+    #: Whether the message it answers asks for length (``prompting.asks_for_length``); read from the log at the
+    #: first token when the decoding has a ``long_max_sentences``.
+    asked_length: bool | None = None
 
 
 class ReplyPolicy:
@@ -187,8 +200,13 @@ class ReplyPolicy:
             return self.finish(reply, tok, "stop")
         tool = reply.tool
         in_call = tool is not None and tool.in_call
+        if reply.asked_length is None:
+            reply.asked_length = dec.long_max_sentences is not None and asks_for_length(
+                _latest_request(log.segments)
+            )
+        max_sentences = dec.long_max_sentences if reply.asked_length else dec.max_sentences
         if (
-            dec.max_sentences is not None
+            max_sentences is not None
             and not in_call
             and self._starts_with_space(tok)
             and ends_sentence(reply.text)
@@ -197,7 +215,7 @@ class ReplyPolicy:
             if mark > reply.sentence_mark:
                 reply.sentences += 1
                 reply.sentence_mark = mark
-                if reply.sentences >= dec.max_sentences:
+                if reply.sentences >= max_sentences:
                     # This token would open the next sentence; it is not kept.
                     return self.finish(reply, None, "sentence")
         reply.generated.append(tok)
@@ -211,6 +229,13 @@ class ReplyPolicy:
                 limit = tool.call_token_start + dec.max_call_tokens
         if len(reply.generated) >= limit:
             return self.finish(reply, tok, "length", text)
+        if (
+            not reply.asked_length
+            and dec.brief_max_tokens is not None
+            and len(reply.generated) >= dec.brief_max_tokens
+        ):
+            # The spoken-length rule of a reply nobody asked to be long, below the hard cap.
+            return self.finish(reply, tok, "sentence", text)
         return StepOutput(tok, text, False)
 
     def finish(
