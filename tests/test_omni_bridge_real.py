@@ -236,3 +236,81 @@ async def test_a_bridged_session_against_vllm_omnis_own_handler(real_server: Rea
         if client is not None:
             await client.close()
         eng.stop()
+
+
+# --- the stand-in refuses what the wheel's handler refuses ------------------------------------------------------
+
+#: Bad client events after a good handshake: the wheel's answer must be the stand-in's.
+BAD_EVENTS: list[object] = [
+    "not json",
+    {"no": "type"},
+    ["a", "list"],
+    {"type": "nope"},
+    {"type": "input_audio_buffer.append"},
+    {"type": "input_audio_buffer.append", "audio": "AAAA", "format": "mp9"},
+    {
+        "type": "input_audio_buffer.append",
+        "audio": "!!!notbase64",
+        "format": "pcm16",
+        "sample_rate_hz": 16000,
+    },
+    {"type": "session.event_ack"},
+    {"type": "session.event_ack", "server_event_seq": -1},
+    {"type": "playback.ack"},
+    {"type": "playback.ack", "played_ms": "x"},
+    {"type": "session.resume", "session_id": "x", "resume_token": "y"},
+]
+#: Bad first messages (no session yet).
+BAD_FIRST: list[object] = [
+    "garbage",
+    {"type": "session.resume", "session_id": "x"},
+    {
+        "type": "session.resume",
+        "session_id": "nope",
+        "resume_token": "t",
+        "last_received_server_event_seq": 0,
+    },
+    {
+        "type": "session.resume",
+        "session_id": "nope",
+        "resume_token": "t",
+        "last_received_server_event_seq": -1,
+    },
+]
+
+
+async def _answer(url: str, first: object, then: object | None = None) -> dict[str, Any]:
+    """Send ``first`` (and ``then``, once the session is open); the first ``error`` event's keys that matter."""
+    import aiohttp
+
+    async def send(ws: aiohttp.ClientWebSocketResponse, m: object) -> None:
+        await ws.send_str(m if isinstance(m, str) else json.dumps(m))
+
+    query = "?duplex=1&model=openbmb/MiniCPM-o-4_5&autostart=0"
+    async with aiohttp.ClientSession() as http, http.ws_connect(url + "/v1/realtime" + query) as ws:
+        await send(ws, first)
+        async with asyncio.timeout(5):
+            async for msg in ws:
+                ev = json.loads(msg.data)
+                if ev["type"] == "session.updated" and then is not None:
+                    await send(ws, then)
+                elif ev["type"] == "error":
+                    return {"type": ev["type"], **ev["error"], "journaled": "server_event_seq" in ev}
+    raise AssertionError(f"no error for {first!r} / {then!r}")
+
+
+async def test_the_stand_in_refuses_what_vllm_omnis_handler_refuses(real_server: RealServer) -> None:
+    from tests.test_omni_bridge import Standin
+
+    standin = Standin().start()
+    try:
+        opening = {"type": "session.update", "session": {"model": "openbmb/MiniCPM-o-4_5"}}
+        for bad in BAD_EVENTS:
+            real = await _answer(real_server.url, opening, bad)
+            assert await _answer(standin.url, opening, bad) == real, bad
+        for bad in BAD_FIRST:
+            real = await _answer(real_server.url, bad)
+            assert await _answer(standin.url, bad) == real, bad
+        assert real_server.state()["errors"] == []  # all refused by the handler, none reached the engine
+    finally:
+        standin.stop()
