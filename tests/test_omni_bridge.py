@@ -9,8 +9,9 @@ without a GPU when the package ``__init__`` (which imports torch and vllm) is by
 the stand-in through a handshake, two spoken turns, ``playback.ack``, ``barge_in`` (a cancelled ``response.done``
 carrying ``audio.cancelled``), a dropped socket resumed with its token, model-initiated speech and a capacity
 refusal, while every event type it received had exactly the keys the wheel's event class renders
-(docs/omni-models.md, "The stand-in", has the script and its output). The server handler itself does not import
-without vLLM, so it was read, not run.
+(docs/omni-models.md, "The stand-in", has the script and its output). The wire itself is tested against the
+wheel's own server handler in tests/test_omni_bridge_real.py; the stand-in is for what that cannot be made to do on
+demand (a crash, the model's overlap policy, echo).
 
 Everything else is real: ``livekit-omni serve`` with its engine process running the bridge adapter, the Live
 WebSocket and WebRTC facades, the rings, and (tests/engine_driver.py) a media-plane stand-in that plays the egress

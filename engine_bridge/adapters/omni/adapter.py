@@ -398,6 +398,7 @@ class OmniSessionBridge:
             instructions=self.session.config.instructions or self.omni.instructions,
             extra_session=pr.session,
             extra_body=pr.extra_body,
+            auto_response=pr.owns_turn_taking,
         )
         self.link = link
         await link.open(payload)
@@ -432,7 +433,7 @@ class OmniSessionBridge:
 
     def commit(self) -> None:
         if self.link is not None and not self.ended:
-            self.link.send(d.Commit())
+            self.link.send(d.Commit(create_response=True))
 
     # --- barge-in ------------------------------------------------------------------------------------------
     def local_barge_in(self, epoch: int, caller: bool = False) -> None:
@@ -588,6 +589,9 @@ class OmniSessionBridge:
             pcm = self.resampler.resample_chunk(pcm)
         elif isinstance(rate, int) and rate not in (0, ENGINE_OUTPUT_RATE):
             pcm = soxr.resample(pcm, rate, ENGINE_OUTPUT_RATE)
+        self._write(turn, pcm)
+
+    def _write(self, turn: OmniTurn, pcm: np.ndarray) -> None:
         s = self.session
         for i in range(0, pcm.shape[0], OUT_PIECE_SAMPLES):
             piece = pcm[i : i + OUT_PIECE_SAMPLES]
@@ -617,6 +621,11 @@ class OmniSessionBridge:
         if status == "cancelled":
             self._model_barge_in(turn)
             return
+        if self.resampler is not None:
+            # The resampler holds the last few milliseconds back until it is told the stream ended: flush them into
+            # this turn, or they would play at the head of the next reply (and this one's end be acked short).
+            self._write(turn, self.resampler.resample_chunk(np.zeros(0, dtype=np.int16), last=True))
+            self.resampler = self._new_resampler()
         turn.generated = True
         self.session.reply = ReplySnapshot(turn.turn_id, turn.epoch, ReplyPhase.DRAINING)
 

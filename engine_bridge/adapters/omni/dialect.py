@@ -94,6 +94,9 @@ class AppendAudio(_Command, tag="input_audio_buffer.append"):
 
 class Commit(_Command, tag="input_audio_buffer.commit"):
     final: bool = True
+    #: Ask for a response to this turn. A model that does not own its turns runs without ``auto_response`` (its
+    #: plugin refuses it: Qwen3-Omni's ``validate_client_extra_body``), so each commit asks for the answer itself.
+    create_response: bool | None = None
 
 
 class BargeIn(_Command, tag="barge_in"):
@@ -147,8 +150,11 @@ def session_payload(
     instructions: str,
     extra_session: dict[str, Any],
     extra_body: dict[str, Any],
+    auto_response: bool = True,
 ) -> dict[str, Any]:
-    """The ``session.update`` session object (``SessionConfig.to_session_payload`` in the wheel)."""
+    """The ``session.update`` session object (``SessionConfig.to_session_payload`` in the wheel). ``auto_response``
+    (the model answers without a ``response.create``) only for a model that owns its turns: Qwen3-Omni's plugin
+    refuses the session with it (``invalid_duplex_runtime_config``)."""
     payload: dict[str, Any] = {
         "model": model,
         "modalities": ["audio", "text"],
@@ -158,7 +164,7 @@ def session_payload(
         "audio": {"input": {"sample_rate_hz": input_rate}, "output": {"sample_rate_hz": output_rate}},
         "turn_detection": None,
         **extra_session,
-        "extra_body": {"auto_response": True, **extra_body},
+        "extra_body": {**({"auto_response": True} if auto_response else {}), **extra_body},
     }
     if instructions:
         payload["instructions"] = instructions
