@@ -972,29 +972,6 @@ def test_vllm_conversation_without_barge_in_stays_on_one_request(any_vllm_engine
     _assert_resident_kv_is_vllms(th, engine)
 
 
-@pytest.mark.models
-def test_real_model_backends_agree_with_the_spoken_decoding() -> None:
-    """SmolLM2-135M with the spoken decoding (repetition penalty 1.15, two sentences): both backends answer with
-    the same tokens. The penalty counts the reply's own tokens on both (vLLM's built-in penalty counts the whole
-    conversation, so the question's words, which the answers repeat, would be penalised and the answers differ)."""
-    from engine_bridge.thinker.prompting import SPOKEN_DECODING
-
-    torch_th = TorchThinker(TorchThinkerConfig(decoding=SPOKEN_DECODING))
-    vllm_th = VllmThinker(VllmThinkerConfig(dtype="float32", device="cpu", decoding=SPOKEN_DECODING))
-    try:
-        answers: dict[str, list[str]] = {}
-        for name, th in (("torch", torch_th), ("vllm", vllm_th)):
-            th.open("a")
-            answers[name] = []
-            for q in ("What is the capital of France?", "How many legs does a spider have?", "And a cat?"):
-                th.append("a", "user", q)
-                answers[name].append(th.decode(generate(th, "a")))
-        assert answers["vllm"] == answers["torch"], answers
-        assert "Paris" in answers["vllm"][0]
-    finally:
-        vllm_th.shutdown()
-
-
 # ------------------------------------------------------------------------------------------------ tool calls
 #: Bounded strings, an enum, a bounded integer, a nested object: a random model's call must still end, and every
 #: value it writes is one the schema allows only because the grammar masked everything else.
@@ -1098,3 +1075,29 @@ def test_backends_make_the_same_call(tiny: LoadedModel, vllm_engine: VllmEngine)
         seen[name] = (call.name, call.arguments, words, th.log("a"))
         th.close("a")
     assert seen["vllm"] == seen["torch"]
+
+
+# ------------------------------------------------------------------------------------- last: a second engine
+# This test starts and shuts down a second in-process vLLM engine; its shutdown tears down vLLM's process-wide
+# parallel state, which the module's tiny in-process engine (``vllm_engine``) still uses. So it runs last.
+@pytest.mark.models
+def test_real_model_backends_agree_with_the_spoken_decoding() -> None:
+    """SmolLM2-135M with the spoken decoding (repetition penalty 1.15, two sentences): both backends answer with
+    the same tokens. The penalty counts the reply's own tokens on both (vLLM's built-in penalty counts the whole
+    conversation, so the question's words, which the answers repeat, would be penalised and the answers differ)."""
+    from engine_bridge.thinker.prompting import SPOKEN_DECODING
+
+    torch_th = TorchThinker(TorchThinkerConfig(decoding=SPOKEN_DECODING))
+    vllm_th = VllmThinker(VllmThinkerConfig(dtype="float32", device="cpu", decoding=SPOKEN_DECODING))
+    try:
+        answers: dict[str, list[str]] = {}
+        for name, th in (("torch", torch_th), ("vllm", vllm_th)):
+            th.open("a")
+            answers[name] = []
+            for q in ("What is the capital of France?", "How many legs does a spider have?", "And a cat?"):
+                th.append("a", "user", q)
+                answers[name].append(th.decode(generate(th, "a")))
+        assert answers["vllm"] == answers["torch"], answers
+        assert "Paris" in answers["vllm"][0]
+    finally:
+        vllm_th.shutdown()
