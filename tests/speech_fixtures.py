@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 # Bump when the way raw speech is produced changes, so old cache entries are not reused.
-_CACHE_VERSION = "piper-joe-v4-noiseless-0.95"
+_CACHE_VERSION = "piper-joe-v5-noiseless"
 _lock = threading.Lock()
 _piper: PiperSynthesizer | None = None
 
@@ -156,10 +156,9 @@ def _piper_raw(text: str) -> tuple[npt.NDArray[np.int16], int]:
             # Without the noise scales Piper renders a text the same way on every machine and run (its VITS
             # graph draws unseeded noise otherwise, and onnxruntime.set_seed does not reach it), so a test hears
             # the same audio in CI as it did here: with them, whisper tiny.en misheard ~1 rendering in 20 of some
-            # texts ("a spider" as "the spider"). At the voice's own pace the noiseless "What is the capital of
-            # France?" was heard as "... of friends?" in 10 of 90 paddings and noise levels offline, and in most WebRTC
-            # tests; at 0.9 it still was on the WebRTC track; 5 % faster than the voice's pace passes the whole suite.
-            _piper = PiperSynthesizer(threads=1, noise_scale=0.0, noise_w_scale=0.0, length_scale=0.95)
+            # texts ("a spider" as "the spider"). The voice keeps its own pace: the recogniser must hear it
+            # wherever the utterance starts (engine_bridge/speech/asr.py snaps the start to the speech).
+            _piper = PiperSynthesizer(threads=1, noise_scale=0.0, noise_w_scale=0.0)
         synth = _piper
     audio = synth.synthesize_all(text)
     write_wav(path, audio, synth.sample_rate)

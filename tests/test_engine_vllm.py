@@ -38,32 +38,14 @@ async def test_engine_reports_the_vllm_thinker(client: EngineClient) -> None:
     assert thinker["kv_capacity_tokens"] > 0 and thinker["kv_free_tokens"] > 0
 
 
-#: Sessions the question may take to be heard as asked (see the test).
-HEARING_ATTEMPTS = 3
-
-
 async def test_spoken_question_gets_paris(client: EngineClient, asr: WhisperTranscriber) -> None:
-    """The spoken question, heard as "... France", is answered with reply audio in which whisper hears "Paris".
-
-    whisper tiny.en (the recogniser, not the thinker this file is about) hears this voice's "France" as "friends"
-    for some placements of the utterance in its window, which depend on when the speculative transcription runs
-    (tests/test_realtime_webrtc.py has the figures; in two suite runs on the AVX2 EPYC VM, once here). A session
-    whose input transcript lacks "France" is therefore asked again in a fresh session, at most
-    ``HEARING_ATTEMPTS`` times; every session that heard the question must get Paris."""
-    tried: list[str] = []
-    for _ in range(HEARING_ATTEMPTS):
-        session = await client.open_session()
-        d = SessionDriver(session)
-        turn = await asyncio.wait_for(ask(d, "What is the capital of France?"), 60)
-        await d.run(seconds=0.3)
-        await session.close()
-        question = normalize_text(" ".join(e.text for e in d.of(p.InputTranscript) if e.final))
-        tried.append(question)
-        if "france" in question:
-            heard = transcribe_reply(asr, d.audio_of_turn(turn))
-            assert "paris" in heard, (question, heard)
-            return
-    pytest.fail(f"the question was never heard as asked: {tried}")
+    session = await client.open_session()
+    d = SessionDriver(session)
+    turn = await asyncio.wait_for(ask(d, "What is the capital of France?"), 60)
+    await d.run(seconds=0.3)
+    heard = transcribe_reply(asr, d.audio_of_turn(turn))
+    assert "paris" in heard, heard
+    await session.close()
 
 
 async def test_barge_in_keeps_only_played_words_and_the_next_answer_follows(client: EngineClient) -> None:

@@ -362,11 +362,8 @@ async def test_webrtc_spoken_question_gets_answer_audio_on_the_track(cascade_ser
     assert types[0] == "session.started"
     said = " ".join(e["delta"] for e in events if e["type"] == "session.input_transcript.delta")
     answer = "".join(e["delta"] for e in events if e["type"] == "session.output_transcript.delta")
-    # The question crossed Opus into the engine and was answered. Whether the answer is right depends on whisper
-    # hearing "France" after Opus at 32 kbps, which failed once in two full runs ("capital of friends"); answer
-    # content is checked on the WebSocket path above and in the browser test.
-    assert mentions(said, "capital"), said
-    assert answer.strip(), events
+    assert mentions(said, "capital", "France"), said
+    assert "paris" in answer.lower(), answer
     assert "session.closed" in types
     # Answer audio arrived on the track (Opus at 48 kHz).
     assert rate == 48000

