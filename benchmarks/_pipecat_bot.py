@@ -11,6 +11,9 @@ The pipeline is Pipecat's quick-start one, with its defaults wherever we give no
       -> OpenAILLMService (our POST /v1/chat/completions: SmolLM2-135M) -> PiperTTSService (joe, local)
       -> SingleClientWebsocketServerTransport (out: paced at real time, as a device plays) -> assistant aggregator
 
+The context opens with the messages ``--context`` gives (the benchmark passes our voice sessions' system prompt
+and example turns), and the LLM decodes with ``--temperature`` and ``--max-tokens`` (it passes ours).
+
 The caller's side of the WebSocket is raw PCM16 mono both ways (binary messages: 16 kHz in, 24 kHz out): a
 serializer of four lines, so the benchmark's caller needs no Pipecat code. What each stage did, and when, goes to
 stdout as one JSON object a line, ``{"event": ..., "t": time.monotonic(), ...}`` (the same clock as the caller's:
@@ -64,7 +67,6 @@ from pipecat.workers.runner import WorkerRunner
 
 IN_RATE = 16_000
 OUT_RATE = 24_000
-INSTRUCTIONS = "You are a helpful voice assistant. Answer in one short sentence."
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -119,6 +121,9 @@ async def main() -> None:
     ap.add_argument("--whisper-model", required=True, help="a faster-whisper (CTranslate2) model folder")
     ap.add_argument("--piper-dir", required=True, help="the folder holding VOICE.onnx and VOICE.onnx.json")
     ap.add_argument("--voice", default="en_US-joe-medium")
+    ap.add_argument("--context", required=True, help="the opening messages, a JSON list of {role, content}")
+    ap.add_argument("--temperature", type=float, default=None)
+    ap.add_argument("--max-tokens", type=int, default=None)
     args = ap.parse_args()
 
     transport = SingleClientWebsocketServerTransport(
@@ -138,12 +143,16 @@ async def main() -> None:
     llm = OpenAILLMService(
         api_key="none",
         base_url=args.llm_base_url,
-        settings=OpenAILLMService.Settings(model="SmolLM2-135M-Instruct"),
+        settings=OpenAILLMService.Settings(
+            model="SmolLM2-135M-Instruct",
+            temperature=args.temperature,
+            max_completion_tokens=args.max_tokens,
+        ),
     )
     tts = PiperTTSService(
         settings=PiperTTSService.Settings(voice=args.voice), download_dir=Path(args.piper_dir)
     )
-    context = LLMContext(messages=[{"role": "system", "content": INSTRUCTIONS}])
+    context = LLMContext(messages=json.loads(args.context))
     user_agg, assistant_agg = LLMContextAggregatorPair(
         context, user_params=LLMUserAggregatorParams(vad_analyzer=SileroVADAnalyzer())
     )

