@@ -11,7 +11,7 @@ The pipeline is Pipecat's quick-start one, with its defaults wherever we give no
       -> OpenAILLMService (our POST /v1/chat/completions: SmolLM2-135M) -> PiperTTSService (joe, local)
       -> SingleClientWebsocketServerTransport (out: paced at real time, as a device plays) -> assistant aggregator
 
-The context opens with the messages ``--context`` gives (the benchmark passes our voice sessions' system prompt
+Each WebSocket connection is a new conversation: the context opens with the messages ``--context`` gives (the benchmark passes our voice sessions' system prompt
 and example turns), and the LLM decodes with ``--temperature`` and ``--max-tokens`` (it passes ours).
 
 The caller's side of the WebSocket is raw PCM16 mono both ways (binary messages: 16 kHz in, 24 kHz out): a
@@ -152,7 +152,8 @@ async def main() -> None:
     tts = PiperTTSService(
         settings=PiperTTSService.Settings(voice=args.voice), download_dir=Path(args.piper_dir)
     )
-    context = LLMContext(messages=json.loads(args.context))
+    opening = json.loads(args.context)
+    context = LLMContext(messages=list(opening))
     user_agg, assistant_agg = LLMContextAggregatorPair(
         context, user_params=LLMUserAggregatorParams(vad_analyzer=SileroVADAnalyzer())
     )
@@ -191,6 +192,9 @@ async def main() -> None:
 
     @transport.event_handler("on_client_connected")
     async def _connected(_transport: Any, _ws: Any) -> None:
+        context.set_messages(
+            list(opening)
+        )  # each connection is a new conversation, as a new call is for ours
         emit("connected")
 
     runner = WorkerRunner(handle_sigint=True)

@@ -14,14 +14,15 @@ real time (silence between questions, like a microphone) and hears the PCM16 24 
 (b) **livekit-omni**, right after, on the same server: a Live WebSocket caller (PCM16 24 kHz, 20 ms appends at
 real time; ``--ours-path webrtc``: an aiortc caller through the media plane), the callers of voice_to_voice.py.
 
-Both get, one conversation each:
+Both get:
 
-* **voice to voice**: the ``--turns`` questions of voice_to_voice.py (its question list, Piper's speech), each
+* **voice to voice**: one conversation of the ``--turns`` questions of voice_to_voice.py (its question list, Piper's speech), each
   asked once the previous answer has played out, measured as there: from the wall time the caller sent its last
   audible sample to the time the first audible 10 ms window of the answer is heard (-45 dBFS, the floor of every
   benchmark here; heard = the chunk's arrival plus the window's offset in it: a player that plays each chunk on
   arrival, and silence while nothing arrives);
-* **barge-in**: ``--bargein`` trials; in each the caller asks for a story (STORY_REQUEST), and half a second
+* **barge-in**: ``--bargein`` trials, each a call of its own (a new conversation: a new WebSocket connection for
+  Pipecat, whose bot then starts its context afresh; a new session for ours); in each the caller asks for a story (STORY_REQUEST), and half a second
   after the answer is first heard says an interruption (bargein.py's). Stop = the caller's onset (the time it sent
   the interruption's first audible sample) → the end of the last audible window of the answer heard within 1.5 s
   after the onset (the old answer inaudible: below -45 dBFS, as ``silent_ms`` in bargein.py --path webrtc).
@@ -51,6 +52,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -355,14 +357,30 @@ async def bargein_trial(leg: CallerLeg, i: int, barge_ins: Any, label: str) -> d
 
 
 async def run_system(
-    label: str, leg: CallerLeg, turns: int, trials: int, barge_ins: Any, bot: PipecatBot | None
+    label: str,
+    new_leg: Callable[[], Awaitable[CallerLeg]],
+    turns: int,
+    trials: int,
+    barge_ins: Callable[[], Awaitable[int]],
+    bot: PipecatBot | None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The voice-to-voice conversation, then each barge-in trial in a call of its own (as bargein.py: a greedy
+    model fed the same interruptions in one conversation drifts into one-line answers too short to cut)."""
+    leg = await new_leg()
     try:
         v2v = await v2v_turns(leg, turns, bot, label)
-        barge = [await bargein_trial(leg, i, barge_ins, label) for i in range(trials)]
     finally:
         for close in leg.closers:
             await close()
+    barge = []
+    for i in range(trials):
+        leg = await new_leg()
+        try:
+            await asyncio.sleep(1.0)  # settle: the microphone is open, silent
+            barge.append(await bargein_trial(leg, i, barge_ins, label))
+        finally:
+            for close in leg.closers:
+                await close()
     return v2v, barge
 
 
@@ -486,25 +504,28 @@ async def main() -> None:
         # (a) Pipecat, its LLM on our server's chat completions.
         bot = await PipecatBot.start(server)
         try:
-            leg = await pipecat_leg(bot)
 
             async def pipecat_barge_ins() -> int:
                 return len(bot.of("interruption"))
 
             groups[pc + " v2v"], groups[pc + " barge-in"] = await run_system(
-                pc, leg, turns, trials, pipecat_barge_ins, bot
+                pc, lambda: pipecat_leg(bot), turns, trials, pipecat_barge_ins, bot
             )
         finally:
             await bot.stop()
+
+        load_between = os.getloadavg()
+
         # (b) ours, right after, on the same server.
-        leg = await (ws_leg(server) if args.ours_path == "ws" else webrtc_leg(server))
+        def our_leg() -> Awaitable[CallerLeg]:
+            return ws_leg(server) if args.ours_path == "ws" else webrtc_leg(server)
 
         async def our_barge_ins() -> int:
             m = await asyncio.to_thread(scrape, server.url)
             return int(sum(v for (name, _), v in m.items() if name == "livekit_omni_barge_ins_total"))
 
         groups[ours + " v2v"], groups[ours + " barge-in"] = await run_system(
-            ours, leg, turns, trials, our_barge_ins, None
+            ours, our_leg, turns, trials, our_barge_ins, None
         )
     finally:
         await asyncio.to_thread(server.stop)
@@ -514,8 +535,8 @@ async def main() -> None:
     p, o = sums[pc], sums[ours]
     ratio = p["v2v_p50_ms"] / o["v2v_p50_ms"] if _ok(p["v2v_p50_ms"]) and _ok(o["v2v_p50_ms"]) else NAN
     print(
-        f"v2v ratio (Pipecat / ours, p50): {ratio:.2f}; load average {load_before[0]:.2f} before, "
-        f"{load_after[0]:.2f} after; wall time {time.monotonic() - t0:.0f} s"
+        f"v2v ratio (Pipecat / ours, p50): {ratio:.2f}; load average (1 min) {load_before[0]:.2f} before, "
+        f"{load_between[0]:.2f} between the two, {load_after[0]:.2f} after; wall time {time.monotonic() - t0:.0f} s"
     )
     finish(
         {
@@ -534,6 +555,7 @@ async def main() -> None:
             "bargein_trials": trials,
             "summary": sums,
             "loadavg_before": load_before,
+            "loadavg_between": load_between,
             "loadavg_after": load_after,
             "rows": [r for g in groups.values() for r in g],
         }
