@@ -22,14 +22,16 @@ Both get:
   benchmark here; heard = the chunk's arrival plus the window's offset in it: a player that plays each chunk on
   arrival, and silence while nothing arrives);
 * **barge-in**: ``--bargein`` trials, each a call of its own (a new conversation: a new WebSocket connection for
-  Pipecat, whose bot then starts its context afresh; a new session for ours); in each the caller asks for a story (STORY_REQUEST), and half a second
-  after the answer is first heard says an interruption (bargein.py's). Stop = the caller's onset (the time it sent
-  the interruption's first audible sample) → the end of the last audible window of the answer heard within 1.5 s
-  after the onset (the old answer inaudible: below -45 dBFS, as ``silent_ms`` in bargein.py --path webrtc).
-  Every trial is counted and its outcome shown: ``stopped`` (the answer was audible in the 300 ms before the onset
-  and the system registered a barge-in: Pipecat's InterruptionFrame, our server's barge-in counter), ``over``
-  (the answer had already ended: nothing to stop), ``no answer``, ``not interrupted`` (audible at the onset, but no
-  barge-in registered). The stop figures are over the ``stopped`` trials.
+  Pipecat, whose bot then starts its context afresh; a new session for ours); in each the caller asks for a story
+  (STORY_REQUEST), and about 1.2 s after the answer is first heard says an interruption (bargein.py's). Stop =
+  the caller's onset (the time it sent the interruption's first audible sample) → the end of the last audible
+  window of the answer heard within 1.5 s after the onset (the old answer inaudible: below -45 dBFS, as
+  ``silent_ms`` in bargein.py --path webrtc; ours gets there by its 40 dB duck, Pipecat by stopping its output).
+  Every trial is counted and its outcome shown: ``stopped`` (the answer was audible in the 100 ms before the
+  onset, and the system registered a barge-in: Pipecat's InterruptionFrame, our server's barge-in counter, read
+  once the answer to the interruption has played out), ``not playing`` (nothing audible in the 100 ms before the
+  onset: the answer was over, or between two clauses: nothing to stop), ``not interrupted`` (playing at the
+  onset, but no barge-in registered), ``no answer``. The stop figures are over the ``stopped`` trials.
 
 Pipecat's stages come from its worker's reports (the same clock): Silero's stop, the turn's end (Smart Turn),
 whisper's transcript, the first reply text, the first Piper audio, each after the caller's speech end.
@@ -73,12 +75,14 @@ PIPECAT_BOT = ROOT / "benchmarks" / "_pipecat_bot.py"
 IN_RATE = 16_000  # the caller's PCM to Pipecat (its pipeline's input rate)
 OUT_RATE = 24_000  # Pipecat's output to the caller
 STORY_REQUEST = "Tell me a long story about a fox."
-#: The interruption comes this long after the answer is first heard.
-BARGE_AFTER_S = 0.5
+#: The interruption's clip starts this long after the answer is first heard (its onset 200 ms later: the clip's
+#: lead silence): past the first clause, which ours voices before the rest of the sentence is decoded.
+BARGE_AFTER_S = 1.0
 #: The answer counts as stopped from the last audible window heard within this long after the onset.
 STOP_HOLD_S = 1.5
-#: The answer was still playing at the onset: an audible window heard within this long before it.
-PLAYING_WITHIN_S = 0.3
+#: The answer was playing at the onset: an audible window heard within this long before it (one gap between
+#: two words is shorter; a pause between clauses or sentences is longer).
+PLAYING_WITHIN_S = 0.1
 NAN = float("nan")
 
 
@@ -337,7 +341,7 @@ async def bargein_trial(leg: CallerLeg, i: int, barge_ins: Any, label: str) -> d
     await hear_answer(heard, onset + STOP_HOLD_S, heard.windows_received(), timeout=TURN_TIMEOUT_S)
     after = await barge_ins()
     if not playing:
-        row["outcome"] = "over"
+        row["outcome"] = "not playing"
     elif after == before:
         row["outcome"] = "not interrupted"
     else:
@@ -399,7 +403,7 @@ def summarize(v2v: list[dict[str, Any]], barge: list[dict[str, Any]]) -> dict[st
     stops = [r["stop_ms"] for r in barge if r["outcome"] == "stopped"]
     outcomes = {
         k: sum(1 for r in barge if r["outcome"] == k)
-        for k in ("stopped", "over", "not interrupted", "no answer")
+        for k in ("stopped", "not playing", "not interrupted", "no answer")
     }
     return {
         "v2v_p50_ms": pct(vals, 50),
