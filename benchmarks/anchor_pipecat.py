@@ -458,7 +458,7 @@ def print_report(
             cells.append(f"{_fmt(r.get('stop_ms', NAN))} {r.get('outcome', ''):>15}")
         print(f"{i + 1:>4}  " + "  ".join(cells))
     print()
-    print(f"{'':48}{a:>12}{b:>12}")
+    print(f"{'':48}{a:>16}{b:>16}")
     rows = [
         ("voice to voice p50", "v2v_p50_ms"),
         ("voice to voice p95", "v2v_p95_ms"),
@@ -469,7 +469,7 @@ def print_report(
         *((label, key) for key, label in STAGES.items()),
     ]
     for label, key in rows:
-        print(f"{label:48}{_fmt(sums[a].get(key, NAN), 12)}{_fmt(sums[b].get(key, NAN), 12)}")
+        print(f"{label:48}{_fmt(sums[a].get(key, NAN), 16)}{_fmt(sums[b].get(key, NAN), 16)}")
     for label in names:
         o = sums[label]["bargein_outcomes"]
         print(
