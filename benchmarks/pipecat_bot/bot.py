@@ -1,8 +1,9 @@
 """Pipecat 1.14's voice pipeline with our three models, for benchmarks/anchor_pipecat.py. Runs in the Pipecat
-virtualenv (``make pipecat-venv``: its pins conflict with ours), never in the project's.
+virtualenv (``make pipecat-venv``: its pins conflict with ours), never in the project's: it sits in a folder of its
+own so that ``make bench`` (every ``benchmarks/*.py``) does not run it.
 
-    .venv-pipecat/bin/python benchmarks/_pipecat_bot.py --port N --llm-base-url http://HOST:PORT/v1 \
-        --whisper-model DIR --piper-dir DIR [--voice en_US-joe-medium]
+    .venv-pipecat/bin/python benchmarks/pipecat_bot/bot.py --port N --llm-base-url http://HOST:PORT/v1 \
+        --whisper-model DIR --piper-dir DIR --context JSON [--voice en_US-joe-medium] [--temperature T] [--max-tokens N]
 
 The pipeline is Pipecat's quick-start one, with its defaults wherever we give none:
 
