@@ -27,7 +27,7 @@ GPU ?= 0
 # websockets<17, which would downgrade the websockets 17.4 that uvicorn and the rest of the suite use; it works on
 # 17.4, and its other requirements (mcp, pyjwt, python-multipart, ...) come with livekit-agents, so it goes in
 # with --no-deps beside griffelib, the one it needs that nothing else brings. (Pipecat cannot: pipecat-ai 1.14.0
-# pins soxr~=1.0.0 against our soxr 1.1.0; its test replays its startup events instead.)
+# pins soxr~=1.0.0 against our soxr 1.1.0; it gets a virtualenv of its own, pipecat-venv below.)
 AGENTS_SDK ?= openai-agents==0.24.0 griffelib==2.4.1
 TORCH_CPU ?= torch==2.13.0+cpu
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
@@ -50,6 +50,21 @@ $(STAMP): pyproject.toml engine_bridge/_ringcore.c media/_polyphase.c | $(BIN)/p
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Pipecat 1.14 in a virtualenv of its own (its pins conflict with ours), for tests/test_realtime_clients.py (its
+# OpenAIRealtimeLLMService against /v1/realtime) and benchmarks/anchor_pipecat.py (its voice pipeline with our three
+# models): local Whisper (faster-whisper), the OpenAI services, local Piper, its WebSocket server transport; Silero
+# VAD and Smart Turn v3 ship in the wheel. About 30 s with pip's cache warm.
+PIPECAT_VENV := .venv-pipecat
+PIPECAT ?= pipecat-ai[whisper,openai,piper,websocket]==1.14.0
+.PHONY: pipecat-venv
+pipecat-venv: $(PIPECAT_VENV)/.installed
+$(PIPECAT_VENV)/.installed:
+	$(PY) -m venv $(PIPECAT_VENV)
+	$(PIPECAT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PIPECAT_VENV)/bin/pip install --quiet '$(PIPECAT)'
+	touch $@
+test bench: pipecat-venv
 
 # Chromium + chromedriver for the browser tests (only as root; otherwise the browser tests say what is missing).
 system-deps:
@@ -79,7 +94,7 @@ lint: install
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) $(OMNI_VENV) test-output .pytest_cache
+	rm -rf $(VENV) $(OMNI_VENV) $(PIPECAT_VENV) test-output .pytest_cache
 
 # vLLM-Omni's own duplex WebSocket handler, run on CPU for tests/test_omni_bridge_real.py (part of `make test`:
 # the env installs in under a minute) (docs/omni-models.md,

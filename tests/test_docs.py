@@ -16,7 +16,17 @@ DOCS = ROOT / "docs"
 #: What is scanned: source, tests, docs, configuration.
 SUFFIXES = {".py", ".pyi", ".md", ".toml", ".js", ".html", ".css", ".yml", ".yaml", ".c", ".cfg", ".txt"}
 NAMES = {"Makefile", "Dockerfile", "run"}
-SKIP_DIRS = {".git", ".venv", ".venv-omni", "build", "dist", "test-output", "node_modules", "__pycache__"}
+SKIP_DIRS = {
+    ".git",
+    ".venv",
+    ".venv-omni",
+    ".venv-pipecat",
+    "build",
+    "dist",
+    "test-output",
+    "node_modules",
+    "__pycache__",
+}
 
 DOC_REFERENCE = re.compile(r"\bdocs/([A-Za-z0-9_.-]+\.md)\b")
 MARKDOWN_LINK = re.compile(r"\]\(([^)\s#]+\.md)?(#[^)\s]+)?\)")
