@@ -134,3 +134,23 @@ class SessionDriver:
 
     def played_seconds(self) -> float:
         return sum(pl.pcm.shape[0] for pl in self.played) / ENGINE_OUTPUT_RATE
+
+
+# --- test signals (tones stand in for speech where the words do not matter) ---------------------------------------
+def speech(ms: int, rate: int = 16_000, freq: float = 300.0) -> np.ndarray:
+    t = np.arange(rate * ms // 1000) / rate
+    return (8000 * np.sin(2 * np.pi * freq * t)).astype(np.int16)
+
+
+def silence(ms: int, rate: int = 16_000) -> np.ndarray:
+    return np.zeros(rate * ms // 1000, dtype=np.int16)
+
+
+def dominant_hz(pcm: np.ndarray, rate: int) -> float:
+    spec = np.abs(np.fft.rfft(pcm.astype(np.float64) * np.hanning(len(pcm))))
+    return float(np.fft.rfftfreq(len(pcm), 1 / rate)[int(np.argmax(spec))])
+
+
+def turn_played_ms(d: SessionDriver, turn_id: int) -> float:
+    """Milliseconds of reply ``turn_id`` the driver has played (24 kHz output)."""
+    return sum(x.pcm.shape[0] for x in d.played if x.turn_id == turn_id) / 24

@@ -42,7 +42,7 @@ from media.webrtc import enable_loopback_ice
 from testkit.live_client import LiveClient
 from testkit.webrtc_caller import WebRTCCaller
 from tests.conftest import ROOT, ServerProcess, connect_engine, free_port, spawn_engine, start_server
-from tests.engine_driver import SessionDriver
+from tests.engine_driver import SessionDriver, dominant_hz, silence, speech, turn_played_ms
 
 REPLY_MS = 1200
 TONE_HZ = 660.0
@@ -112,20 +112,6 @@ def bridge_env(standin: Standin, **overrides: object) -> dict[str, str]:
         f"LIVEKIT_OMNI_ENGINE__OMNI_BRIDGE__{k.upper()}": str(v)
         for k, v in bridge_settings(standin, **overrides).items()
     }
-
-
-def speech(ms: int, rate: int = 16_000, freq: float = 300.0) -> np.ndarray:
-    t = np.arange(rate * ms // 1000) / rate
-    return (8000 * np.sin(2 * np.pi * freq * t)).astype(np.int16)
-
-
-def silence(ms: int, rate: int = 16_000) -> np.ndarray:
-    return np.zeros(rate * ms // 1000, dtype=np.int16)
-
-
-def dominant_hz(pcm: np.ndarray, rate: int) -> float:
-    spec = np.abs(np.fft.rfft(pcm.astype(np.float64) * np.hanning(len(pcm))))
-    return float(np.fft.rfftfreq(len(pcm), 1 / rate)[int(np.argmax(spec))])
 
 
 def loud_seconds(pcm: np.ndarray, rate: int, threshold: float = 1000.0) -> float:
@@ -300,10 +286,6 @@ async def bridged(
 async def bridge_engine() -> AsyncIterator[tuple[Standin, EngineClient]]:
     async with bridged() as pair:
         yield pair
-
-
-def turn_played_ms(d: SessionDriver, turn_id: int) -> float:
-    return sum(x.pcm.shape[0] for x in d.played if x.turn_id == turn_id) / 24
 
 
 async def test_the_models_barge_in_bumps_our_epoch_and_keeps_what_was_played() -> None:

@@ -34,7 +34,7 @@ import pytest
 from engine_bridge import protocol as p
 from engine_bridge.config import OmniBridgeSettings
 from tests.conftest import ROOT, connect_engine, free_port, spawn_engine
-from tests.engine_driver import SessionDriver
+from tests.engine_driver import SessionDriver, dominant_hz, silence, speech, turn_played_ms
 
 OMNI_PYTHON = ROOT / ".venv-omni" / "bin" / "python"
 REPLY_MS = 1200
@@ -126,24 +126,6 @@ def real_server() -> Iterator[RealServer]:
     s = RealServer().start()
     yield s
     s.stop()
-
-
-def speech(ms: int, rate: int = 16_000, freq: float = 300.0) -> np.ndarray:
-    t = np.arange(rate * ms // 1000) / rate
-    return (8000 * np.sin(2 * np.pi * freq * t)).astype(np.int16)
-
-
-def silence(ms: int, rate: int = 16_000) -> np.ndarray:
-    return np.zeros(rate * ms // 1000, dtype=np.int16)
-
-
-def dominant_hz(pcm: np.ndarray, rate: int) -> float:
-    spec = np.abs(np.fft.rfft(pcm.astype(np.float64) * np.hanning(len(pcm))))
-    return float(np.fft.rfftfreq(len(pcm), 1 / rate)[int(np.argmax(spec))])
-
-
-def turn_played_ms(d: SessionDriver, turn_id: int) -> float:
-    return sum(x.pcm.shape[0] for x in d.played if x.turn_id == turn_id) / 24
 
 
 def test_every_preset_has_its_model_here() -> None:
