@@ -235,7 +235,12 @@ def compare_windows(texts: list[str], repeats: int) -> dict[str, Any]:
     cpu: dict[str, list[float]] = {w: [] for w in WINDOWS}
     tails: list[float] = []
     for i, (text, pcm) in enumerate(zip(texts, clips, strict=True)):
-        row: dict[str, Any] = {"text": text, "audio_ms": len(pcm) * 1000 // ENGINE_INPUT_RATE}
+        row: dict[str, Any] = {
+            "text": text,
+            "audio_ms": len(pcm) * 1000 // ENGINE_INPUT_RATE,
+            # What whisper is handed: the speech from its onset lead to its tail (engine_bridge/speech/asr.py).
+            "focused_ms": len(models["fit"].focus(pcm)[0]) * 1000 // ENGINE_INPUT_RATE,
+        }
         for k in range(repeats):
             order = WINDOWS if (i + k) % 2 == 0 else WINDOWS[::-1]
             for w in order:

@@ -88,7 +88,7 @@ def test_fitted_window_hears_a_spoken_question_as_the_full_window_does(
     assert {w for w in text_words(text) if len(w) > 3} <= set(text_words(fit.text)), fit.text
     # The fitted encoder saw the utterance from its onset lead on plus 3 s of padding; the full one whisper's 30 s.
     assert full.window_ms == 30_000
-    focused, offset = whisper._focus(pcm)
+    focused, offset = whisper.focus(pcm)
     span = speech_span(pcm)
     assert span is not None and offset == span[0] - ONSET_LEAD_MS * 16
     assert len(focused) == span[1] + OFFSET_TAIL_MS * 16 - offset
@@ -118,7 +118,7 @@ def test_where_the_vad_cuts_the_turn_does_not_change_what_whisper_gets(
     focused = []
     for i, lead_ms in enumerate(range(20, 401, 20)):
         cut_at = (speech_ms - lead_ms) * 16
-        pcm, offset = whisper._focus(stream[cut_at : (end_ms + (30, 100, 200, 300)[i % 4]) * 16])
+        pcm, offset = whisper.focus(stream[cut_at : (end_ms + (30, 100, 200, 300)[i % 4]) * 16])
         focused.append((cut_at + offset, pcm))
     # The same samples from the same place in the stream (noise, whose quiet floor each cut measures a little
     # differently, moves the span's ends by a few samples, well under 1 ms).
@@ -144,7 +144,7 @@ def test_a_segment_in_loud_noise_is_handed_over_as_cut(whisper: Transcriber) -> 
     assert isinstance(whisper, WhisperTranscriber)
     pcm = synthesize_speech(QUESTION, lead_silence_ms=300, tail_silence_ms=200, noise_db=-30.0)
     assert speech_span(pcm) is None
-    focused, offset = whisper._focus(pcm)
+    focused, offset = whisper.focus(pcm)
     assert offset == 0 and focused is pcm
 
 
@@ -152,7 +152,7 @@ def test_fitted_window_is_what_the_encoder_gets(
     whisper: Transcriber, question: npt.NDArray[np.int16]
 ) -> None:
     assert isinstance(whisper, WhisperTranscriber)
-    frames = whisper.window_frames(len(whisper._focus(question)[0]))
+    frames = whisper.window_frames(len(whisper.focus(question)[0]))
     assert frames % 2 == 0 and frames < 3000
     whisper.transcribe(question)
     # The encoder (CTranslate2, stride-2 convolution) turns the frames it is given into half as many states:
@@ -312,7 +312,7 @@ def test_a_degenerate_decode_in_a_fitted_window_is_decoded_again_in_the_full_one
     clip = as_the_vad_hands_it("yes")
     # A clip that does not loop is decoded once, in its own window (the real model, nothing set).
     whisper.transcribe(clip)
-    assert whisper._model.encoder_frames == whisper.window_frames(len(whisper._focus(clip)[0])) < 3000
+    assert whisper._model.encoder_frames == whisper.window_frames(len(whisper.focus(clip)[0])) < 3000
     _fitted_decode_says(whisper, monkeypatch, fitted_text, fitted_words)
     heard = whisper.transcribe(clip)
     # The encoder's last window shows that the guard decoded again in whisper's own 30 s window.

@@ -180,7 +180,7 @@ class Transcriber(ABC):
             return Transcript(text="", audio_ms=audio_ms)
         with self._lock:
             t0 = time.perf_counter()
-            focused, offset = self._focus(pcm)
+            focused, offset = self.focus(pcm)
             text, words, measured = self._run(focused, decoding)
             elapsed = (time.perf_counter() - t0) * 1000.0
         if offset:
@@ -201,7 +201,7 @@ class Transcriber(ABC):
             window_ms=self.window_ms(len(focused)),
         )
 
-    def _focus(self, pcm: npt.NDArray[np.int16]) -> tuple[npt.NDArray[np.int16], int]:
+    def focus(self, pcm: npt.NDArray[np.int16]) -> tuple[npt.NDArray[np.int16], int]:
         """The audio the model gets for the utterance ``pcm``, and where it starts in ``pcm`` (in samples; negative
         when silence was put before it). Default: the utterance as it is."""
         return pcm, 0
@@ -298,7 +298,7 @@ class WhisperTranscriber(Transcriber):
         #: Audio kept after the speech ends (None: to the end of the utterance as cut; only with onset_lead_ms).
         self.offset_tail_ms = offset_tail_ms
 
-    def _focus(self, pcm: npt.NDArray[np.int16]) -> tuple[npt.NDArray[np.int16], int]:
+    def focus(self, pcm: npt.NDArray[np.int16]) -> tuple[npt.NDArray[np.int16], int]:
         """The utterance from ``onset_lead_ms`` before its speech onset to ``offset_tail_ms`` after its end: a
         shorter lead or tail is made up with digital silence, a longer one cut (see ONSET_LEAD_MS)."""
         span = None if self.onset_lead_ms is None else speech_span(pcm)
