@@ -81,9 +81,9 @@ serve: install
 test: install system-deps omni-env
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
 
-# The inner loop (docs/development.md, Test tiers): no real models, no browser, so no Chromium either.
+# The inner loop (docs/development.md, Test tiers): no real models, no browser (so no Chromium), no slow drills.
 test-fast: install omni-env
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -m "not models and not browser" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -m "not models and not browser and not slow" $(PYTEST_ARGS)
 
 bench: install
 	@set -e; for b in benchmarks/*.py; do echo "=== $$b"; HF_HUB_OFFLINE=1 $(BIN)/python $$b; done

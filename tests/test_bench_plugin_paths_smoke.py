@@ -15,8 +15,12 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from engine_bridge.ring import SEGMENT_PREFIX, list_our_segments
+
+#: In ``make test``, not the fast tier (docs/development.md, Test tiers): a benchmark run of ~25 s.
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,8 +15,12 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from engine_bridge.ring import SHM_DIR
+
+#: In ``make test``, not the fast tier (docs/development.md, Test tiers): a benchmark run of ~20 s.
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "ring_ipc.py"

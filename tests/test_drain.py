@@ -13,12 +13,16 @@ import time
 
 import aiohttp
 import numpy as np
+import pytest
 
 from livekit_omni.drain import Drain, DrainStatus
 from livekit_omni.live import wire
 from testkit.live_client import LiveClient
 from testkit.webrtc_caller import WebRTCCaller
 from tests.conftest import start_server
+
+#: In ``make test``, not the fast tier (docs/development.md, Test tiers): SIGTERM drains of real server processes.
+pytestmark = pytest.mark.slow
 
 #: Long enough for the checks made during the drain (a WebRTC offer, 0.4 s of audio at real time, a mute) on a
 #: loaded 2-core machine running the whole suite.

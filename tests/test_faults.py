@@ -38,6 +38,9 @@ from tests.test_browser_e2e import Timeline, connect, hang_up, notice, open_page
 from tests.test_live_lifecycle import tone, wait_engine_idle
 from tests.test_live_webrtc import loud_frames, next_message, post, tone48k
 
+#: In ``make test``, not the fast tier (docs/development.md, Test tiers): killed and stalled processes.
+pytestmark = pytest.mark.slow
+
 #: The outbound queue of a Live WebSocket, small here so a client that stops reading fills it in seconds.
 OUTBOUND_QUEUE_EVENTS = 32
 #: Input burst allowance: also sizes the ingress ring (max(4 s, burst + 1 s)), so 4 s here.

@@ -20,6 +20,9 @@ from testkit import fuzz
 from testkit.fuzz import EdgeReport, FuzzInput, FuzzTarget, LiveObservation, Outcome
 from tests.conftest import ServerProcess, start_server
 
+#: In ``make test``, not the fast tier (docs/development.md, Test tiers): fuzzing runs of several seconds each.
+pytestmark = pytest.mark.slow
+
 SEED = 20
 #: Inputs per edge; the benchmark runs 10,000.
 INPUTS = {

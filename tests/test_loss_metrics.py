@@ -22,6 +22,9 @@ from livekit_omni.live import wire
 from testkit.live_client import LiveClient
 from tests.conftest import ServerProcess, start_server
 
+#: In ``make test``, not the fast tier (docs/development.md, Test tiers): a stalled engine, ~11 s.
+pytestmark = pytest.mark.slow
+
 RATE = 24_000
 Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

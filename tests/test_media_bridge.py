@@ -11,11 +11,15 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
 from engine_bridge import protocol as p
 from engine_bridge.client import EngineClient
 from engine_bridge.formats import ENGINE_INPUT_RATE
 from media.bridge import SessionBridge, keepalive_interval
+
+#: In ``make test``, not the fast tier (docs/development.md, Test tiers): keep-alive and reaping timeouts of several seconds.
+pytestmark = pytest.mark.slow
 
 ENGINE_SETTINGS = {"adapter": "loopback", "loopback_delay_ms": 0}
 TTL_S = 2.0

@@ -44,6 +44,9 @@ from testkit.webrtc_caller import WebRTCCaller
 from tests.conftest import ROOT, ServerProcess, connect_engine, free_port, spawn_engine, start_server
 from tests.engine_driver import SessionDriver, dominant_hz, silence, speech, turn_played_ms
 
+#: In ``make test``, not the fast tier (docs/development.md, Test tiers): a sidecar stand-in and its crashes.
+pytestmark = pytest.mark.slow
+
 REPLY_MS = 1200
 TONE_HZ = 660.0
 

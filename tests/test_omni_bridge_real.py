@@ -36,6 +36,9 @@ from engine_bridge.config import OmniBridgeSettings
 from tests.conftest import ROOT, connect_engine, free_port, spawn_engine
 from tests.engine_driver import SessionDriver, dominant_hz, silence, speech, turn_played_ms
 
+#: In ``make test``, not the fast tier (docs/development.md, Test tiers): vLLM-Omni's handler in its own environment, ~8 s a preset.
+pytestmark = pytest.mark.slow
+
 OMNI_PYTHON = ROOT / ".venv-omni" / "bin" / "python"
 REPLY_MS = 1200
 TONE_HZ = 660.0

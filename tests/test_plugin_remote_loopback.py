@@ -29,6 +29,9 @@ from livekit_omni.plugin.remote import RemoteSession
 from tests.conftest import EVENT_LOG, ROOT, ServerProcess, free_port, start_server
 from tests.plugin_harness import Mic, Recorder, Speaker
 
+#: In ``make test``, not the fast tier (docs/development.md, Test tiers): outages and reconnects of an agent session.
+pytestmark = pytest.mark.slow
+
 C = TypeVar("C", bound=wire.ClientCommand)
 
 

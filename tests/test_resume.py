@@ -521,6 +521,7 @@ def cut_network(caller: WebRTCCaller) -> None:
             protocol.transport.close()
 
 
+@pytest.mark.slow  # an ICE failure takes ~35 s to be noticed
 async def test_webrtc_ice_failure_detaches_and_a_new_offer_with_the_token_resumes(
     webrtc_server: ServerProcess,
 ) -> None:

@@ -33,6 +33,9 @@ from tests.conftest import ServerProcess, start_server
 from tests.test_realtime_webrtc import call, post_offer, wait_for_state
 from tests.test_resume import channel_event, cut_network, energy, tone48k
 
+#: In ``make test``, not the fast tier (docs/development.md, Test tiers): several worker processes per test, an ICE failure of ~35 s.
+pytestmark = pytest.mark.slow
+
 API_KEY = "sk-workers"
 MAX_SESSIONS = 4
 DRAIN_GRACE_S = 3.0
