@@ -28,6 +28,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+# The errors live in their own module so that tools.py (which raises them) need not import this one.
+from .errors import ThinkerCapacityError as ThinkerCapacityError
+from .errors import ThinkerError as ThinkerError
+from .errors import ThinkerStateError as ThinkerStateError
+from .errors import UnknownSessionError as UnknownSessionError
+
 if TYPE_CHECKING:
     from .tools import ToolCall, ToolChoice, ToolSpec
 
@@ -40,23 +46,6 @@ APPEND_ROLES: frozenset[str] = frozenset({"user", "developer", "assistant", "too
 
 #: ``tool_call``: the reply ended with a finished call (``StepOutput.tool_call``).
 FinishReason = Literal["stop", "length", "sentence", "tool_call"]
-
-
-# --------------------------------------------------------------------------------------------------- errors
-class ThinkerError(Exception):
-    """Base class of every error a thinker backend raises on purpose."""
-
-
-class ThinkerCapacityError(ThinkerError):
-    """``open`` was refused: the session limit or the KV budget is exhausted. Raised before any compute."""
-
-
-class UnknownSessionError(ThinkerError, KeyError):
-    """No open session has this id (never opened, or already closed)."""
-
-
-class ThinkerStateError(ThinkerError):
-    """The call does not fit the session's state (e.g. ``append`` while a reply is being generated)."""
 
 
 # ------------------------------------------------------------------------------------------- data types

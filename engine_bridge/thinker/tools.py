@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .base import ThinkerError
+from .errors import ThinkerError
 
 ToolChoiceMode = Literal["auto", "none", "required", "function"]
 
