@@ -210,6 +210,11 @@ async def test_bad_key_gets_invalid_api_key_and_1008(server: ServerProcess, how:
             {"audio": {"input": {"turn_detection": {"type": "push_to_talk"}}}},
             "session.audio.input.turn_detection.type",
         ),
+        (
+            # Once echoed as given (the fuzzer's emoji), which broke the SDK's own session type.
+            {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}}},
+            "session.audio.input.turn_detection.eagerness",
+        ),
     ],
 )
 async def test_refused_updates_keep_the_old_config(

@@ -280,6 +280,13 @@ def _turn_detection(td: wire.TurnDetection | None) -> wire.TurnDetection | None:
             interrupt_response=td.interrupt_response is not False,
         )
     if td.type == "semantic_vad":
+        if td.eagerness is not None and td.eagerness not in EAGERNESS_END_OF_TURN:
+            # Refused, never echoed: the session resource must stay valid for the clients' own types.
+            raise wire.WireError(
+                "invalid_value",
+                f"eagerness is one of {', '.join(sorted(EAGERNESS_END_OF_TURN))}",
+                param="session.audio.input.turn_detection.eagerness",
+            )
         return wire.TurnDetection(
             type="semantic_vad",
             eagerness=td.eagerness or "auto",
