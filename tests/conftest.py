@@ -125,6 +125,21 @@ class ServerProcess:
                 self.proc.wait()
 
 
+def wait_until_healthy(
+    url: str, proc: subprocess.Popen[bytes], *, timeout: float, what: str, log: Path, poll_s: float = 0.1
+) -> None:
+    """Poll ``url`` until it answers; fails when ``proc`` exits or ``timeout`` passes first (``what`` names it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=1).read()
+            return
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"{what} did not start; see {log}") from None
+            time.sleep(poll_s)
+
+
 def start_server(
     *,
     adapter: str = "cascade",

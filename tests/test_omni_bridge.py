@@ -41,7 +41,15 @@ from livekit_omni.live import wire
 from media.webrtc import enable_loopback_ice
 from testkit.live_client import LiveClient
 from testkit.webrtc_caller import WebRTCCaller
-from tests.conftest import ROOT, ServerProcess, connect_engine, free_port, spawn_engine, start_server
+from tests.conftest import (
+    ROOT,
+    ServerProcess,
+    connect_engine,
+    free_port,
+    spawn_engine,
+    start_server,
+    wait_until_healthy,
+)
 from tests.engine_driver import SessionDriver, dominant_hz, silence, speech, turn_played_ms
 
 #: In ``make test``, not the fast tier (docs/development.md, Test tiers): a sidecar stand-in and its crashes.
@@ -71,15 +79,15 @@ class Standin:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as logf:
             self.proc = subprocess.Popen(args, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1).read()
-                return self
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"the stand-in did not start; see {self.log}") from None
-                time.sleep(0.1)
+        wait_until_healthy(
+            f"http://127.0.0.1:{self.port}/health",
+            self.proc,
+            timeout=30,
+            what="the stand-in",
+            log=self.log,
+            poll_s=0.1,
+        )
+        return self
 
     def kill(self) -> None:
         """A crash: SIGKILL, no goodbye on any socket."""

@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -33,7 +32,7 @@ import pytest
 
 from engine_bridge import protocol as p
 from engine_bridge.config import OmniBridgeSettings
-from tests.conftest import ROOT, connect_engine, free_port, spawn_engine
+from tests.conftest import ROOT, connect_engine, free_port, spawn_engine, wait_until_healthy
 from tests.engine_driver import SessionDriver, dominant_hz, silence, speech, turn_played_ms
 
 #: In ``make test``, not the fast tier (docs/development.md, Test tiers): vLLM-Omni's handler in its own environment, ~8 s a preset.
@@ -92,15 +91,16 @@ class RealServer:
         env = {**os.environ, "PYTHONPATH": ""}
         with self.log.open("ab") as logf:
             self.proc = subprocess.Popen(args, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 180  # importing vLLM + the wheel takes ~30 s on two cores
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1).read()
-                return self
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"vLLM-Omni's server did not start; see {self.log}") from None
-                time.sleep(0.25)
+        # Importing vLLM + the wheel takes ~30 s on two cores.
+        wait_until_healthy(
+            f"http://127.0.0.1:{self.port}/health",
+            self.proc,
+            timeout=180,
+            what="vLLM-Omni's server",
+            log=self.log,
+            poll_s=0.25,
+        )
+        return self
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
