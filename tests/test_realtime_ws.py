@@ -66,9 +66,6 @@ def server() -> Iterator[ServerProcess]:
             "LIVEKIT_OMNI_ENGINE__MAX_SESSIONS": "1",
             "LIVEKIT_OMNI_LIMITS__INPUT_BURST_S": "1.0",
             "LIVEKIT_OMNI_LIMITS__INPUT_BACKPRESSURE_GRACE_S": "1.0",
-            # The table's text-bound test echoes items of 400 kB; the default outbound cap (256 KiB) would replace
-            # their echo with event_too_large (tests/test_session_core.py checks the cap itself).
-            "LIVEKIT_OMNI_LIMITS__MAX_OUTBOUND_BYTES": str(1024 * 1024),
         },
     )
     yield s
@@ -440,14 +437,15 @@ async def test_the_conversation_table_is_bounded_oldest_items_leave_first(server
         for i in (10, n - 1):  # (the loopback fixture's echo response holds an item too: i3 may have left)
             await c.send({"type": "conversation.item.retrieve", "item_id": f"i{i}"})
             assert (await c.until("conversation.item.retrieved"))["item"]["id"] == f"i{i}"
-        # The text bound: three items of 40% of it each; the first of them leaves when the third comes.
-        big = "x" * (MAX_ITEM_CHARS * 2 // 5)
-        for i in range(n, n + 3):
+        # The text bound: six items of a fifth of it each (each echo under the default outbound cap); the first of
+        # them leaves when the sixth comes.
+        big = "x" * (MAX_ITEM_CHARS // 5)
+        for i in range(n, n + 6):
             await c.send({"type": "conversation.item.create", "item": item(i, big)})
             await c.item_event("conversation.item.done", f"i{i}", timeout=30)
         await c.send({"type": "conversation.item.retrieve", "item_id": f"i{n}"})
         await c.error("item_retrieve_invalid_item_id")
-        for i in (n + 1, n + 2):
+        for i in range(n + 1, n + 6):
             await c.send({"type": "conversation.item.retrieve", "item_id": f"i{i}"})
             assert (await c.until("conversation.item.retrieved", timeout=30))["item"]["id"] == f"i{i}"
 
