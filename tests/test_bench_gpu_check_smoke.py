@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,28 +27,24 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
 
-def test_gpu_check_quick_on_cpu_writes_its_json(tmp_path: Path) -> None:
+def _run(tmp_path: Path, *args: str) -> tuple[dict[str, Any], str]:
+    """``gpu_check.py --device cpu --quick ARGS --out FILE``: its last-line JSON (the file holds the same) and stdout."""
     out_path = tmp_path / "gpu_check.json"
     proc = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--device",
-            "cpu",
-            "--quick",
-            "--sessions",
-            "1,2",
-            "--out",
-            str(out_path),
-        ],
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--quick", *args, "--out", str(out_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,  # ~1-3 min on the shared 2-core box (vLLM's start-up is most of it)
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    printed = json.loads(proc.stdout.strip().splitlines()[-1])
+    printed: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert json.loads(out_path.read_text()) == printed
+    return printed, proc.stdout
+
+
+def test_gpu_check_quick_on_cpu_writes_its_json(tmp_path: Path) -> None:
+    printed, stdout = _run(tmp_path, "--sessions", "1,2")
     assert printed["device"] == "cpu" and printed["dtype"] == "float32" and printed["sessions"] == [1, 2]
     assert set(printed["models"]) == {"smollm2-135m", "random-llama-1b"}
     for name, model in printed["models"].items():
@@ -64,7 +61,7 @@ def test_gpu_check_quick_on_cpu_writes_its_json(tmp_path: Path) -> None:
     assert printed["sync"] == "none (cpu)"
     for part in ("speech", "serve_turn"):
         assert "CUDA" in printed[part]["skipped"], printed[part]
-        assert part in proc.stdout  # and a line says so
+        assert part in stdout  # and a line says so
     vllm = printed["vllm"]
     if importlib.util.find_spec("vllm") is None:
         assert vllm["skipped"] == "vllm is not importable", vllm
@@ -81,28 +78,7 @@ def test_gpu_check_quick_on_cpu_writes_its_json(tmp_path: Path) -> None:
 def test_gpu_check_speech_parts_run_on_cpu_when_asked(tmp_path: Path) -> None:
     """``--speech-on-cpu``: the speech stages (Piper says a question, whisper hears it) and one whole voice turn
     through ``livekit-omni serve`` run on the CPU, with the code the CUDA run uses."""
-    out_path = tmp_path / "gpu_check.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--device",
-            "cpu",
-            "--quick",
-            "--models",
-            "none",
-            "--skip-vllm",
-            "--speech-on-cpu",
-            "--out",
-            str(out_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    printed = json.loads(proc.stdout.strip().splitlines()[-1])
+    printed, _ = _run(tmp_path, "--models", "none", "--skip-vllm", "--speech-on-cpu")
     speech = printed["speech"]
     assert "error" not in speech, speech
     assert speech["device"] == "cpu" and speech["whisper_compute_type"] == "int8"
