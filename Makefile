@@ -66,7 +66,9 @@ $(PIPECAT_VENV)/.installed:
 	touch $@
 test bench: pipecat-venv
 
-# Chromium + chromedriver for the browser tests (only as root; otherwise the browser tests say what is missing).
+# Chromium + chromedriver for the browser tests, and the real SIP peers of the SIP tests (docs/sip.md): baresip (a
+# softphone), sip-tester (SIPp) and kamailio (a SIP proxy). Only as root; otherwise the tests say what is missing.
+SIP_PEERS := baresip sip-tester kamailio
 system-deps:
 	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = "0" ]; then \
@@ -74,16 +76,29 @@ system-deps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	  else echo "chromium/chromedriver missing and not root: browser tests will fail; apt-get install chromium chromium-driver"; fi; \
 	fi
+	@if ! command -v baresip >/dev/null 2>&1 || ! command -v sipp >/dev/null 2>&1 || ! command -v kamailio >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = "0" ]; then \
+	    echo "installing $(SIP_PEERS) (apt)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SIP_PEERS) >/dev/null; \
+	  else echo "baresip/sipp/kamailio missing and not root: SIP tests will fail; apt-get install $(SIP_PEERS)"; fi; \
+	fi
 
 serve: install
 	HF_HUB_OFFLINE=1 $(BIN)/livekit-omni serve $(ARGS)
 
+# The suite runs in TEST_WORKERS pytest-xdist workers, a test module per worker at a time (--dist loadfile: a module's
+# servers and engines are its own); about half of a serial run is waiting in real time (speech played at its pace,
+# ICE and reconnect timers), which the second worker fills (docs/development.md, Test tiers). The event conformance
+# check reads every frame the whole suite's servers logged, so it runs after them, on its own.
+TEST_WORKERS ?= 2
+CONFORMANCE := tests/test_zz_event_conformance.py
 test: install system-deps omni-env
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --ignore=$(CONFORMANCE) $(PYTEST_ARGS)
+	LIVEKIT_OMNI_TEST_KEEP_EVENT_LOGS=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra $(CONFORMANCE)
 
 # The inner loop (docs/development.md, Test tiers): no real models, no browser (so no Chromium), no slow drills.
 test-fast: install omni-env
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -m "not models and not browser and not slow" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile -m "not models and not browser and not slow" $(PYTEST_ARGS)
 
 bench: install
 	@set -e; for b in benchmarks/*.py; do echo "=== $$b"; HF_HUB_OFFLINE=1 $(BIN)/python $$b; done

@@ -193,16 +193,16 @@ def is_leak(reply: str) -> bool:
 def evaluate(
     asker: Asker, name: str, examples: tuple[Message, ...], banned: tuple[str, ...], quick: bool = False
 ) -> dict[str, Any]:
-    """One set's figures; ``quick`` asks the first 4 questions of each set, 2 exchanges and 5 openings."""
+    """One set's figures; ``quick`` asks the first 2 questions of each set, 2 exchanges, 3 openings and 1 story."""
     t0 = time.perf_counter()
     misses: list[str] = []
     acc: dict[str, float] = {}
     short: list[int] = []  # the words of set A's replies: short questions must keep short answers
     exchanges = EXCHANGES[:1] + EXCHANGES_B[:1] if quick else EXCHANGES + EXCHANGES_B
-    openings = NAMELESS_OPENINGS[:5] if quick else NAMELESS_OPENINGS
+    openings = NAMELESS_OPENINGS[:3] if quick else NAMELESS_OPENINGS
     for label, questions in (
-        ("a", QUESTIONS[:4] if quick else QUESTIONS),
-        ("b", QUESTIONS_B[:4] if quick else QUESTIONS_B),
+        ("a", QUESTIONS[:2] if quick else QUESTIONS),
+        ("b", QUESTIONS_B[:2] if quick else QUESTIONS_B),
     ):
         ok = 0
         for q, keywords in questions:
@@ -229,7 +229,7 @@ def evaluate(
             misses.append(f"leak: {opening!r} -> {reply!r}")
     story = asker.ask(examples, [STORY_REQUEST], STORYTELLER, banned)[0]
     default_stories = [
-        asker.ask(examples, [q], None, banned)[0] for q in (STORY_PROMPTS[:2] if quick else STORY_PROMPTS)
+        asker.ask(examples, [q], None, banned)[0] for q in (STORY_PROMPTS[:1] if quick else STORY_PROMPTS)
     ]
     took = time.perf_counter() - t0
     print(f"== {name}: {len(examples)} example turns, {took:.0f} s")

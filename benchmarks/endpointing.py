@@ -115,9 +115,9 @@ async def ask(
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pauses", type=int, nargs="+", default=[0, 300, 600, 1000, 1500], help="pauses in ms")
-    ap.add_argument("--quick", action="store_true", help="3 questions per pause")
+    ap.add_argument("--quick", action="store_true", help="2 questions per pause")
     args = ap.parse_args()
-    questions = SPLIT_QUESTIONS[:3] if args.quick else SPLIT_QUESTIONS
+    questions = SPLIT_QUESTIONS[:2] if args.quick else SPLIT_QUESTIONS
     t0 = time.monotonic()
     runs: list[tuple[str, int, p.TurnTakingConfig]] = [
         ("model", pause, p.TurnTakingConfig()) for pause in args.pauses

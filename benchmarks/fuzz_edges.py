@@ -2,6 +2,7 @@
 
     python benchmarks/fuzz_edges.py                       # 10,000 inputs per edge, seed 0
     python benchmarks/fuzz_edges.py --seed 7 --inputs 500 --edges live_json,control
+    python benchmarks/fuzz_edges.py --edges sip                 # the SIP endpoint alone (UDP)
 
 Edges, generators and the judge live in :mod:`testkit.fuzz` (tests/test_fuzz_edges.py runs the same
 code with fewer inputs). A run is reproducible from its seed: each edge draws from its own stream. Prints a table per
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import finish
 from testkit.fuzz import EDGES, FuzzTarget, fuzz_edge
 from tests.conftest import start_server
+from tests.sip_peers import free_udp_port
 
 #: The server under test. The fuzzer answers no offer it posts, so each answered offer holds an engine slot until
 #: the connect deadline: a short one, and room for many, keep the offers reaching aiortc instead of a full engine.
@@ -40,8 +42,10 @@ async def main_async(args: argparse.Namespace) -> int:
     unknown = set(edges) - set(EDGES)
     if unknown:
         raise SystemExit(f"unknown edges {sorted(unknown)}; choose from {', '.join(EDGES)}")
-    server = await asyncio.to_thread(start_server, adapter="loopback", env=SERVER_ENV)
-    target = FuzzTarget(server.url, server.proc.pid, "unix:" + server.socket_path)
+    sip_port = free_udp_port()
+    env = {**SERVER_ENV, "LIVEKIT_OMNI_SIP__ENABLED": "true", "LIVEKIT_OMNI_SIP__PORT": str(sip_port)}
+    server = await asyncio.to_thread(start_server, adapter="loopback", env=env)
+    target = FuzzTarget(server.url, server.proc.pid, "unix:" + server.socket_path, sip_port=sip_port)
     per_edge: dict[str, dict[str, object]] = {}
     t0 = time.monotonic()
     try:

@@ -186,12 +186,12 @@ async def main() -> None:
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--window-s", type=float, default=300.0)
     ap.add_argument("--backend", default="torch", choices=("torch", "vllm"))
-    ap.add_argument("--quick", action="store_true", help="1 minute in 20 s windows, at most 2 sessions")
+    ap.add_argument("--quick", action="store_true", help="30 s in 10 s windows, at most 2 sessions")
     args = ap.parse_args()
     sessions = args.sessions or sessions_from(args.capacity_result)
     minutes, window_s = args.minutes, args.window_s
     if args.quick:
-        sessions, minutes, window_s = min(sessions, 2), 1.0, 20.0
+        sessions, minutes, window_s = min(sessions, 2), 0.5, 10.0
     out = Console()
     t_start = time.monotonic()
     server = await asyncio.to_thread(

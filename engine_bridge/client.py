@@ -93,10 +93,26 @@ class EngineSession:
 
     # --- commands ------------------------------------------------------------------------------------------
     async def append_text(
-        self, kind: p.AppendKind, text: str, *, max_output_tokens: int = 0
+        self,
+        kind: p.AppendKind,
+        text: str,
+        *,
+        max_output_tokens: int = 0,
+        tool_choice: p.ToolChoiceSpec | None = None,
+        call_id: str = "",
+        call: p.ToolCallItem | None = None,
     ) -> p.TextAppended:
+        """Text into the conversation (``AppendText``): see its kinds. ``tool_choice`` with ``respond``; a
+        ``tool_result`` names its ``call_id``; a ``tool_call`` carries the ``call``."""
         cmd = p.AppendText(
-            req_id=0, session_id=self.id, kind=kind, text=text, max_output_tokens=max_output_tokens
+            req_id=0,
+            session_id=self.id,
+            kind=kind,
+            text=text,
+            max_output_tokens=max_output_tokens,
+            tool_choice=tool_choice,
+            call_id=call_id,
+            call=call,
         )
         return await self.client.call(cmd, p.TextAppended)
 
@@ -108,6 +124,9 @@ class EngineSession:
         turn_taking: p.TurnTakingConfig | None = None,
         temperature: float | None = None,
         max_output_tokens: int | None = None,
+        tools: list[p.ToolDef] | None = None,
+        tool_choice: p.ToolChoiceSpec | None = None,
+        acknowledgement_delay_ms: int | None = None,
     ) -> None:
         """Change the running session's settings (``UpdateSession``; None keeps a setting)."""
         cmd = p.UpdateSession(
@@ -118,6 +137,9 @@ class EngineSession:
             turn_taking=turn_taking,
             temperature=temperature,
             max_output_tokens=max_output_tokens,
+            tools=tools,
+            tool_choice=tool_choice,
+            acknowledgement_delay_ms=acknowledgement_delay_ms,
         )
         await self.client.call(cmd, p.Ack)
 
@@ -266,16 +288,30 @@ class EngineClient:
         return session
 
     async def start_text(
-        self, messages: list[p.TextMessage], sampling: p.TextSampling, *, timeout: float = 60.0
+        self,
+        messages: list[p.TextMessage],
+        sampling: p.TextSampling,
+        *,
+        tools: list[p.ToolDef] | None = None,
+        tool_choice: p.ToolChoiceSpec | None = None,
+        timeout: float = 60.0,
     ) -> TextStream:
-        """Start a text request on the engine's thinker. Raises EngineRequestError (``capacity_exceeded``,
-        ``context_length_exceeded``, ``unsupported``, ...) or EngineLostError. The reply comes after the
-        prompt's prefill, which may wait behind voice work: hence the longer timeout."""
+        """Start a text request on the engine's thinker (with ``tools``, the reply may end in a call: its TextDone
+        says ``tool_calls``). Raises EngineRequestError (``capacity_exceeded``, ``context_length_exceeded``,
+        ``invalid_tools``, ``unsupported``, ...) or EngineLostError. The reply comes after the prompt's prefill,
+        which may wait behind voice work: hence the longer timeout."""
         stream = TextStream(self, new_text_id())
         self.texts[stream.id] = stream  # registered first: events may arrive before the reply
         try:
             stream.started = await self.call(
-                p.StartText(req_id=0, request_id=stream.id, messages=messages, sampling=sampling),
+                p.StartText(
+                    req_id=0,
+                    request_id=stream.id,
+                    messages=messages,
+                    sampling=sampling,
+                    tools=tools or [],
+                    tool_choice=tool_choice or p.ToolChoiceSpec(),
+                ),
                 p.TextStarted,
                 timeout=timeout,
             )

@@ -103,6 +103,10 @@ class ModelSettings(BaseModel):
     #: transcribes a 2-3 s question in about a quarter of the time and CPU (8 word errors in 190 against 5, the
     #: same spoken-answer accuracy; docs/speech-stack.md, ASR).
     asr_window: Literal["fit", "full"] = "fit"
+    #: The window of the caller's turns in a session with function tools, whose words become a tool's arguments:
+    #: ``full`` hears more names right (the fitted window heard the test voice's "... in Paris today?" as "...
+    #: in pairs today?"), for ~0.4-0.6 s more ASR per turn on this CPU (docs/speech-stack.md, ASR).
+    asr_window_tools: Literal["fit", "full"] = "full"
     tts: Literal["piper", "espeak"] = "piper"
 
 
@@ -143,6 +147,17 @@ class ThinkerSettings(BaseModel):
     #: ``smollm2`` only, which needs them; a larger model of your own follows the system prompt without them.
     #: With them on, a reply cannot say the examples' name ("Tom") until the caller or the instructions have.
     spoken_examples: Literal["auto", "on", "off"] = "auto"
+    #: A forced call's (``tool_choice`` required or a named function) free strings, the arguments without an
+    #: enum, pattern or format of their own, are runs of the caller's latest words. ``auto``: on for the built-in
+    #: ``smollm2``, which, made to call, wrote "2022-01-01T00:00:00Z" for "tonight" (docs/speech-stack.md, Tool
+    #: calls); a larger model of your own writes its arguments freely (still valid for the schema).
+    spoken_arguments: Literal["auto", "on", "off"] = "auto"
+    #: Under ``tool_choice="auto"``, decide before a reply's first token from the thinker's own embeddings which
+    #: tool the caller's words ask for, if any (engine_bridge/thinker/tool_router.py). ``auto``: on for the built-in
+    #: ``smollm2``, which never opens a call by itself; a model trained on tools decides as it decodes.
+    tool_router: Literal["auto", "on", "off"] = "auto"
+    #: The router's threshold on its score (a difference of cosines); None: the one measured for SmolLM2-135M.
+    tool_router_threshold: float | None = Field(None, ge=-2.0, le=2.0)
     #: vLLM on CUDA: share of the GPU's memory for weights and KV.
     gpu_memory_utilization: float = Field(0.85, ge=0.05, le=1.0)
     tensor_parallel_size: int = Field(1, ge=1, le=64)

@@ -61,14 +61,33 @@ READ_CHUNK_SAMPLES: Final = 16_000  # at most 1 s of caller audio per session pe
 
 #: The sampling temperatures a session may ask for (0 is greedy).
 MAX_TEMPERATURE: Final = 2.0
+#: The longest automatic acknowledgement delay a session may ask for (a minute of silence is no acknowledgement).
+MAX_ACKNOWLEDGEMENT_MS: Final = 60_000
 
 
-def _check_settings(temperature: float | None, max_output_tokens: int | None) -> str:
+def _check_settings(
+    temperature: float | None, max_output_tokens: int | None, acknowledgement_delay_ms: int | None
+) -> str:
     """Why these per-session settings are refused ("" when they are fine)."""
     if temperature is not None and not 0.0 <= temperature <= MAX_TEMPERATURE:
         return f"temperature is between 0 and {MAX_TEMPERATURE:g}"
     if max_output_tokens is not None and max_output_tokens < 0:
         return "max_output_tokens is 0 (the engine's reply limit) or more"
+    if acknowledgement_delay_ms is not None and not -1 <= acknowledgement_delay_ms <= MAX_ACKNOWLEDGEMENT_MS:
+        return f"acknowledgement_delay_ms is -1 (none) or 0 to {MAX_ACKNOWLEDGEMENT_MS}"
+    return ""
+
+
+def _check_append(cmd: p.AppendText) -> str:
+    """Why this append is refused ("" when it is fine)."""
+    if cmd.max_output_tokens < 0:
+        return "max_output_tokens is 0 (the session's limit) or more"
+    if cmd.tool_choice is not None and cmd.kind != "respond":
+        return "tool_choice is for a reply the append asks for (kind 'respond')"
+    if cmd.kind == "tool_call" and cmd.call is None:
+        return "a tool_call append carries the call"
+    if cmd.kind == "tool_result" and not cmd.call_id:
+        return "a tool_result append names the call it answers (call_id)"
     return ""
 
 
@@ -285,13 +304,21 @@ class Engine:
         match cmd:
             case p.AppendText():
                 at = session.input_ms
-                if cmd.max_output_tokens < 0:
-                    return p.ErrorReply(
-                        req_id=cmd.req_id,
-                        code=p.ErrorCode.INVALID_REQUEST,
-                        message="max_output_tokens is 0 (the session's limit) or more",
+                problem = _check_append(cmd)
+                if problem:
+                    return p.ErrorReply(req_id=cmd.req_id, code=p.ErrorCode.INVALID_REQUEST, message=problem)
+                if cmd.tool_choice is not None:
+                    refused = await self._check_tools(session.config.tools, cmd.tool_choice)
+                    if refused:
+                        return p.ErrorReply(
+                            req_id=cmd.req_id, code=p.ErrorCode.INVALID_TOOLS, message=refused
+                        )
+                call_id = cmd.call.call_id if cmd.call is not None else cmd.call_id
+                session.post(
+                    TextAppend(
+                        cmd.kind, cmd.text, at, cmd.max_output_tokens, cmd.tool_choice, call_id, cmd.call
                     )
-                session.post(TextAppend(cmd.kind, cmd.text, at, cmd.max_output_tokens))
+                )
                 return p.Reply(req_id=cmd.req_id, result=p.TextAppended(start_ms=at, end_ms=at))
             case p.SetMute():
                 session.muted = cmd.muted
@@ -305,9 +332,20 @@ class Engine:
                 session.post(TruncateRequest(cmd.turn_id, cmd.text))
                 return p.Reply(req_id=cmd.req_id)
             case p.UpdateSession():
-                problem = _check_settings(cmd.temperature, cmd.max_output_tokens)
+                problem = _check_settings(
+                    cmd.temperature, cmd.max_output_tokens, cmd.acknowledgement_delay_ms
+                )
                 if problem:
                     return p.ErrorReply(req_id=cmd.req_id, code=p.ErrorCode.INVALID_REQUEST, message=problem)
+                if cmd.tools is not None or cmd.tool_choice is not None:
+                    refused = await self._check_tools(
+                        session.config.tools if cmd.tools is None else cmd.tools,
+                        session.config.tool_choice if cmd.tool_choice is None else cmd.tool_choice,
+                    )
+                    if refused:
+                        return p.ErrorReply(
+                            req_id=cmd.req_id, code=p.ErrorCode.INVALID_TOOLS, message=refused
+                        )
                 session.apply_update(cmd)  # posts SettingsChange (wakes the scheduler)
                 return p.Reply(req_id=cmd.req_id)
             case p.Touch():
@@ -321,8 +359,17 @@ class Engine:
             req_id=cmd.req_id, code=p.ErrorCode.INVALID_REQUEST, message=f"unhandled {type(cmd).__name__}"
         )
 
+    async def _check_tools(self, tools: list[p.ToolDef], choice: p.ToolChoiceSpec) -> str | None:
+        """Whether the adapter can constrain replies to these tools: compiling their grammars takes a few ms per
+        schema, so it runs off the event loop (None when there is nothing to check)."""
+        if not tools and choice.mode in ("auto", "none"):
+            return None
+        return await asyncio.to_thread(self.adapter.check_tools, tools, choice)
+
     async def _open(self, conn: ServerConnection, cmd: p.OpenSession) -> p.Reply | p.ErrorReply:
-        problem = _check_settings(cmd.config.temperature, cmd.config.max_output_tokens)
+        problem = _check_settings(
+            cmd.config.temperature, cmd.config.max_output_tokens, cmd.config.acknowledgement_delay_ms
+        )
         if problem:
             return p.ErrorReply(req_id=cmd.req_id, code=p.ErrorCode.INVALID_REQUEST, message=problem)
         if self.state is not p.EngineState.READY:
@@ -334,6 +381,9 @@ class Engine:
             return p.ErrorReply(
                 req_id=cmd.req_id, code=code, message=f"engine is {self.state} {self.load_error}".strip()
             )
+        refused = await self._check_tools(cmd.config.tools, cmd.config.tool_choice)
+        if refused:
+            return p.ErrorReply(req_id=cmd.req_id, code=p.ErrorCode.INVALID_TOOLS, message=refused)
         try:
             rings = RingPair.attach(cmd.ingress, cmd.egress)
         except (RingError, FileNotFoundError, ValueError) as e:
@@ -393,7 +443,15 @@ class Engine:
                 p.ErrorCode.CAPACITY_EXCEEDED, f"{limit} text requests are running; try again later"
             )
         try:
-            req = TextRequest(cmd.request_id, conn.id, cmd.messages, cmd.sampling, self._text_emitter(conn))
+            req = TextRequest(
+                cmd.request_id,
+                conn.id,
+                cmd.messages,
+                cmd.sampling,
+                self._text_emitter(conn),
+                tools=cmd.tools,
+                tool_choice=cmd.tool_choice,
+            )
             self.adapter.submit_text(req)
         except TextRefused as e:
             return refuse(e.code, str(e))

@@ -55,6 +55,32 @@ class TurnTakingConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
     auto_reply: bool | None = None
 
 
+class ToolDef(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One function tool (the engine's ``thinker.tools.ToolSpec``): ``parameters`` is its arguments' JSON schema.
+    The engine refuses a tool it cannot constrain a call to (``ErrorCode.INVALID_TOOLS``)."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ToolChoiceSpec(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Whether a reply may (``auto``), may not (``none``) or must (``required``) call a tool, or must call the
+    function ``name`` (``function``); the engine's ``thinker.tools.ToolChoice``."""
+
+    mode: Literal["auto", "none", "required", "function"] = "auto"
+    name: str | None = None
+
+
+class ToolCallItem(msgspec.Struct, kw_only=True):
+    """A function call the model made: ``arguments`` is JSON text, always valid for the tool's schema (the reply
+    was grammar-constrained). ``call_id`` names it for its result (``AppendText(kind="tool_result")``)."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
 class SessionConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
     instructions: str = ""
     history: list[ChatTurn] = msgspec.field(default_factory=list)
@@ -69,6 +95,12 @@ class SessionConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: Most thinker tokens one reply may generate (0: the engine's own reply limit). A reply cut by it ends with
     #: ``ReplyDone(capped=True)``.
     max_output_tokens: int = 0
+    #: Function tools the model may call; a reply that calls one ends with ``ReplyDone(tool_calls=[...])``.
+    tools: list[ToolDef] = msgspec.field(default_factory=list)
+    tool_choice: ToolChoiceSpec = msgspec.field(default_factory=ToolChoiceSpec)
+    #: After a reply that ended in a function call, the caller hears a short spoken acknowledgement once this
+    #: many ms pass without the call's result (or other words for the caller); -1: none.
+    acknowledgement_delay_ms: int = -1
 
 
 # --- commands (client -> engine) -------------------------------------------------------------------------------
@@ -93,7 +125,17 @@ class OpenSession(_Msg):
     config: SessionConfig = msgspec.field(default_factory=SessionConfig)
 
 
-AppendKind = Literal["instructions", "thinking", "commentary", "speak_now", "user", "assistant", "respond"]
+AppendKind = Literal[
+    "instructions",
+    "thinking",
+    "commentary",
+    "speak_now",
+    "user",
+    "assistant",
+    "respond",
+    "tool_call",
+    "tool_result",
+]
 
 
 class AppendText(_Msg):
@@ -105,7 +147,11 @@ class AppendText(_Msg):
     * ``user`` / ``assistant``: a typed message of that role (the Realtime dialect's ``conversation.item.create``),
       no reply requested;
     * ``respond``: the model replies now to the conversation as it stands, with no added prompt (the Realtime
-      dialect's ``response.create``).
+      dialect's ``response.create``);
+    * ``tool_call``: a function call the client puts into the conversation as the assistant's (``call``; ``text``
+      unused), no reply requested;
+    * ``tool_result``: the result of the call ``call_id`` (``text``: the output), no reply requested (``respond``
+      asks for the answer built on it).
     """
 
     req_id: int
@@ -114,6 +160,12 @@ class AppendText(_Msg):
     text: str = ""
     #: ``respond`` only: the most thinker tokens this one reply may generate (0: the session's limit).
     max_output_tokens: int = 0
+    #: ``respond`` only: this reply's tool choice (None: the session's).
+    tool_choice: ToolChoiceSpec | None = None
+    #: ``tool_result``: the call the result answers.
+    call_id: str = ""
+    #: ``tool_call``: the call.
+    call: ToolCallItem | None = None
 
 
 class SetMute(_Msg):
@@ -158,6 +210,12 @@ class UpdateSession(_Msg):
     turn_taking: TurnTakingConfig | None = None
     temperature: float | None = None
     max_output_tokens: int | None = None
+    #: New tools replace the session's (the thinker lists them in its system segment, as a change of instructions
+    #: does); ``[]`` removes them.
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoiceSpec | None = None
+    #: -1 turns the automatic acknowledgement off.
+    acknowledgement_delay_ms: int | None = None
 
 
 class Touch(_Msg):
@@ -211,11 +269,14 @@ class GetStats(_Msg):
 # ends it at once and frees its KV.
 
 
-class TextMessage(msgspec.Struct, kw_only=True):
-    """One chat message of a text request (rendered with the voice sessions' chat template)."""
+class TextMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One chat message of a text request (rendered with the voice sessions' chat template). An assistant message
+    may carry the calls it made (``tool_calls``); a ``tool`` message is the result of the call ``tool_call_id``."""
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     text: str
+    tool_calls: list[ToolCallItem] = msgspec.field(default_factory=list)
+    tool_call_id: str = ""
 
 
 class TextSampling(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -234,6 +295,8 @@ class StartText(_Msg):
     request_id: str
     messages: list[TextMessage]
     sampling: TextSampling = msgspec.field(default_factory=TextSampling)
+    tools: list[ToolDef] = msgspec.field(default_factory=list)
+    tool_choice: ToolChoiceSpec = msgspec.field(default_factory=ToolChoiceSpec)
 
 
 class AbortText(_Msg):
@@ -417,7 +480,7 @@ class TextDelta(_Msg):
     completion_tokens: int
 
 
-TextFinish = Literal["stop", "length", "abort", "error"]
+TextFinish = Literal["stop", "length", "abort", "error", "tool_calls"]
 
 
 class TextDone(_Msg):
@@ -427,6 +490,8 @@ class TextDone(_Msg):
     completion_tokens: int
     cached_tokens: int = 0
     error: str = ""
+    #: The calls the completion made (finish reason ``tool_calls``).
+    tool_calls: list[ToolCallItem] = msgspec.field(default_factory=list)
 
 
 ReplyResult = (
@@ -472,6 +537,9 @@ class ErrorCode(enum.StrEnum):
     CAPACITY_EXCEEDED = "capacity_exceeded"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     UNSUPPORTED = "unsupported"
+    #: A tool or tool choice the thinker cannot use (a bad name, a schema the grammar library cannot compile, a
+    #: choice naming no tool, tools on an adapter without them); the session or request is unchanged.
+    INVALID_TOOLS = "invalid_tools"
 
 
 class ErrorReply(_Msg):
@@ -555,6 +623,9 @@ class ReplyDone(_Msg):
     output_tokens: int = 0
     #: Generation stopped at the reply's ``max_output_tokens`` (the client's cap), not at the model's end of turn.
     capped: bool = False
+    #: The reply ended in these function calls (its ``text`` is what was said before them). They stay in the
+    #: conversation; each waits for its ``AppendText(kind="tool_result")``.
+    tool_calls: list[ToolCallItem] = msgspec.field(default_factory=list)
 
 
 class BargeIn(_Msg):

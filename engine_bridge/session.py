@@ -40,6 +40,8 @@ class Role(enum.StrEnum):
     DEVELOPER = "developer"
     USER = "user"
     ASSISTANT = "assistant"
+    #: A function tool's result (``Segment.call_id`` names the call).
+    TOOL = "tool"
 
 
 @dataclass(slots=True)
@@ -59,6 +61,10 @@ class Segment:
     token_start: int = 0
     token_end: int = 0
     interrupted: bool = False
+    #: An assistant segment that ended in a function call: the call (``text`` is what was said before it).
+    tool_call: p.ToolCallItem | None = None
+    #: A tool segment: the call whose result it is.
+    call_id: str = ""
 
 
 @dataclass(slots=True)
@@ -176,7 +182,16 @@ class DuplexSession:
         thread sees the old one or the new one, never a mix), and the owner applies them in mailbox order."""
         changes: dict[str, Any] = {
             name: getattr(cmd, name)
-            for name in ("instructions", "voice", "turn_taking", "temperature", "max_output_tokens")
+            for name in (
+                "instructions",
+                "voice",
+                "turn_taking",
+                "temperature",
+                "max_output_tokens",
+                "tools",
+                "tool_choice",
+                "acknowledgement_delay_ms",
+            )
             if getattr(cmd, name) is not None
         }
         self.config = msgspec.structs.replace(self.config, **changes)
@@ -301,6 +316,11 @@ class TextAppend:
     at_ms: int
     #: ``respond``: the reply's own token cap (0: the session's).
     max_output_tokens: int = 0
+    #: ``respond``: the reply's own tool choice (None: the session's).
+    tool_choice: p.ToolChoiceSpec | None = None
+    #: ``tool_result``: the call it answers; ``tool_call``: the call.
+    call_id: str = ""
+    call: p.ToolCallItem | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,9 @@ class TextRequest:
     messages: list[p.TextMessage]
     sampling: p.TextSampling
     emit: Callable[[p.TextEvent], None]
+    #: Function tools the reply may call, and whether it may (``StartText.tools``, ``tool_choice``).
+    tools: list[p.ToolDef] = field(default_factory=list)
+    tool_choice: p.ToolChoiceSpec = field(default_factory=p.ToolChoiceSpec)
     admitted: concurrent.futures.Future[p.TextStarted] = field(default_factory=concurrent.futures.Future)
     #: Resolved once the request is finished and its thinker state released.
     closed: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)

@@ -47,6 +47,9 @@ async def health(request: Request) -> Response:
     ident = worker_ids.current()
     if ident is not None:
         body["worker"] = {"index": ident.index, "count": ident.count}
+    sip = getattr(request.app.state, "sip", None)
+    if sip is not None:
+        body["sip"] = sip.stats()
     drain: Drain = request.app.state.drain
     if not drain.admitting:
         # 503 takes a draining server out of a load balancer's rotation; open sessions still run.
@@ -108,13 +111,27 @@ def create_app(settings: Settings, *, supervisor: EngineSupervisor | None = None
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if not settings.api_keys:
             log.warning("no API keys configured: every endpoint is open (fine for local use only)")
+        sip = None
+        if settings.sip.enabled:
+            from livekit_omni.sip.server import SipServer
+
+            sip = SipServer(hub_of(app), settings)  # checks the SIP settings before anything starts
         await sup.start()
+        if sip is not None:
+            try:
+                await sip.start()
+            except BaseException:
+                await sup.stop()
+                raise
+            app.state.sip = sip
         try:
             yield
         finally:
             closer = getattr(app.state, "close_sessions", None)
             if closer is not None:
                 await closer()
+            if sip is not None:
+                await sip.stop()
             await sup.stop()
             if relay is not None:
                 await relay.close()
@@ -131,6 +148,10 @@ def create_app(settings: Settings, *, supervisor: EngineSupervisor | None = None
     ]
     routes += live_routes()
     routes += chat_routes()
+    if settings.sip.enabled:
+        from livekit_omni.sip.routes import routes as sip_routes
+
+        routes += sip_routes()  # before the Realtime dialect's: /hangup reaches SIP calls first
     routes += realtime_routes()
     if FRONTEND_DIR.is_dir():
         routes.append(Mount("/static", StaticFiles(directory=FRONTEND_DIR), name="static"))

@@ -7,6 +7,12 @@ events, which become a ``chat.completion`` body or server-sent ``chat.completion
 
 What is accepted and what is refused (400, OpenAI's error shape) is listed in docs/protocol.md, Chat completions;
 :func:`parse_request` is the one place that decides it. Engine refusals map to statuses in :data:`ENGINE_ERRORS`.
+
+Function tools: ``tools`` and ``tool_choice`` are read with the engine's own tool types
+(``engine_bridge.thinker.tools``: no model library) and sent with the request; the engine compiles their grammar
+and refuses what it cannot constrain a call to (``invalid_tools``, a 400). A reply that ends in a call comes back
+as ``message.tool_calls`` (streamed: ``delta.tool_calls``, its id and name, then its arguments) with
+``finish_reason: "tool_calls"``; the call's text is never in ``content``. One call per reply.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from starlette.routing import BaseRoute, Route
 from engine_bridge import protocol as p
 from engine_bridge.client import TextStream
 from engine_bridge.control import EngineLostError, EngineRequestError, RequestTimeout
+from engine_bridge.thinker.tools import ToolChoice, ToolSchemaError, ToolSpec
 from livekit_omni.sessions.hub import hub_of
 from livekit_omni.supervisor import EngineUnavailableError
 
@@ -36,7 +43,7 @@ log = logging.getLogger(__name__)
 DISCONNECT_POLL_S: Final = 0.25
 #: OpenAI's limit on stop sequences.
 MAX_STOP: Final = 4
-ROLES: Final = ("system", "developer", "user", "assistant")
+ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 
 
 class ChatError(Exception):
@@ -71,6 +78,12 @@ ENGINE_ERRORS: Final[dict[str, tuple[int, str, str | None]]] = {
     p.ErrorCode.INVALID_REQUEST: (400, "invalid_request_error", None),
     p.ErrorCode.UNSUPPORTED: (400, "invalid_request_error", "text_completions_unsupported"),
     p.ErrorCode.ENGINE_LOADING: (503, "server_error", "engine_unavailable"),
+    p.ErrorCode.INVALID_TOOLS: (400, "invalid_request_error", "invalid_tools"),
+}
+#: The request parameter an engine refusal is about.
+ENGINE_ERROR_PARAMS: Final[dict[str, str]] = {
+    p.ErrorCode.CONTEXT_LENGTH_EXCEEDED: "messages",
+    p.ErrorCode.INVALID_TOOLS: "tools",
 }
 
 
@@ -81,6 +94,8 @@ class ChatRequest:
     sampling: p.TextSampling
     stream: bool
     include_usage: bool
+    tools: list[p.ToolDef]
+    tool_choice: p.ToolChoiceSpec
 
 
 # --- validation ---------------------------------------------------------------------------------------------------
@@ -114,10 +129,8 @@ def _content(msg: dict[str, Any], i: int) -> str:
     if isinstance(content, str):
         return content
     if content is None:
-        if msg.get("tool_calls"):
-            raise invalid(
-                "tool calls are not supported: the model cannot make them", param, "unsupported_value"
-            )
+        if msg.get("role") == "assistant" and msg.get("tool_calls"):
+            return ""  # a message that only made calls
         raise invalid(f"'{param}' is required", param, "missing_required_parameter")
     if isinstance(content, list):
         parts: list[str] = []
@@ -140,6 +153,45 @@ def _content(msg: dict[str, Any], i: int) -> str:
     raise invalid(f"'{param}' must be a string or a list of text parts", param, "invalid_type")
 
 
+def _tool_calls(msg: dict[str, Any], i: int) -> list[p.ToolCallItem]:
+    """An assistant message's ``tool_calls``: function calls, each ``{"id", "type": "function", "function":
+    {"name", "arguments"}}``."""
+    param = f"messages[{i}].tool_calls"
+    raw = msg.get("tool_calls")
+    if raw is None or raw == []:
+        return []
+    if msg.get("role") != "assistant":
+        raise invalid(f"'{param}': only assistant messages carry tool calls", param, "invalid_value")
+    if not isinstance(raw, list):
+        raise invalid(f"'{param}' must be an array", param, "invalid_type")
+    calls: list[p.ToolCallItem] = []
+    for j, call in enumerate(raw):
+        at = f"{param}[{j}]"
+        if not isinstance(call, dict):
+            raise invalid(f"'{at}' must be an object", at, "invalid_type")
+        if call.get("type", "function") != "function":
+            raise invalid(
+                f"tool call type {call.get('type')!r} is not supported (function calls only)",
+                f"{at}.type",
+                "unsupported_value",
+            )
+        fn = call.get("function")
+        call_id = call.get("id")
+        if not isinstance(call_id, str) or not call_id:
+            raise invalid(f"'{at}.id' must be a non-empty string", f"{at}.id", "invalid_type")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise invalid(
+                f"'{at}.function.name' must be a non-empty string", f"{at}.function.name", "invalid_type"
+            )
+        arguments = fn.get("arguments", "")
+        if not isinstance(arguments, str):
+            raise invalid(
+                f"'{at}.function.arguments' must be a string", f"{at}.function.arguments", "invalid_type"
+            )
+        calls.append(p.ToolCallItem(call_id=call_id, name=fn["name"], arguments=arguments or "{}"))
+    return calls
+
+
 def _messages(body: dict[str, Any]) -> list[p.TextMessage]:
     if "messages" not in body or body["messages"] is None:
         raise invalid("'messages' is required", "messages", "missing_required_parameter")
@@ -149,13 +201,15 @@ def _messages(body: dict[str, Any]) -> list[p.TextMessage]:
     if not raw:
         raise invalid("'messages' must contain at least one message", "messages", "empty_array")
     out: list[p.TextMessage] = []
+    call_ids: set[str] = set()
     for i, msg in enumerate(raw):
         if not isinstance(msg, dict):
             raise invalid(f"'messages[{i}]' must be an object", f"messages[{i}]", "invalid_type")
         role = msg.get("role")
-        if role in ("tool", "function"):
+        if role == "function":
             raise invalid(
-                "tool results are not supported: the model cannot make tool calls",
+                "'function' messages (the deprecated function calling) are not supported: use tools and 'tool' "
+                "messages",
                 f"messages[{i}].role",
                 "unsupported_value",
             )
@@ -165,14 +219,93 @@ def _messages(body: dict[str, Any]) -> list[p.TextMessage]:
                 f"messages[{i}].role",
                 "invalid_value",
             )
-        if msg.get("tool_calls"):
+        calls = _tool_calls(msg, i)
+        call_ids.update(c.call_id for c in calls)
+        tool_call_id = ""
+        if role == "tool":
+            answers = msg.get("tool_call_id")
+            param = f"messages[{i}].tool_call_id"
+            if not isinstance(answers, str) or not answers:
+                raise invalid(
+                    f"'{param}' is required (the id of the call it answers)", param, "invalid_value"
+                )
+            if answers not in call_ids:
+                raise invalid(
+                    f"a 'tool' message must answer a call of an earlier assistant message's 'tool_calls'; "
+                    f"no call has the id {answers!r}",
+                    param,
+                    "invalid_value",
+                )
+            tool_call_id = answers
+        out.append(
+            p.TextMessage(role=role, text=_content(msg, i), tool_calls=calls, tool_call_id=tool_call_id)
+        )
+    return out
+
+
+def _tools(body: dict[str, Any]) -> tuple[list[p.ToolDef], p.ToolChoiceSpec]:
+    """``tools`` (function tools only), ``tool_choice`` and ``parallel_tool_calls``, checked as far as the serving
+    side can: the engine compiles the tools' grammar and refuses a schema it cannot constrain a call to."""
+    if body.get("functions") is not None or body.get("function_call") is not None:
+        key = "functions" if body.get("functions") is not None else "function_call"
+        raise invalid(
+            f"'{key}' (the deprecated function calling) is not supported: use 'tools' and 'tool_choice'",
+            key,
+            "unsupported_value",
+        )
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise invalid("'parallel_tool_calls' must be a boolean", "parallel_tool_calls", "invalid_type")
+    raw = body.get("tools")
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        raise invalid(f"'tools' must be an array, got {type(raw).__name__}", "tools", "invalid_type")
+    specs: list[ToolSpec] = []
+    for i, tool in enumerate(raw):
+        at = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise invalid(f"'{at}' must be an object", at, "invalid_type")
+        if tool.get("type") != "function":
             raise invalid(
-                "tool calls are not supported: the model cannot make them",
-                f"messages[{i}].tool_calls",
+                f"tool type {tool.get('type')!r} is not supported: only function tools "
+                "({'type': 'function', 'function': {...}})",
+                f"{at}.type",
                 "unsupported_value",
             )
-        out.append(p.TextMessage(role=role, text=_content(msg, i)))
-    return out
+        fn = tool.get("function")
+        if not isinstance(fn, dict):
+            raise invalid(f"'{at}.function' must be an object", f"{at}.function", "invalid_type")
+        if not isinstance(fn.get("name"), str):
+            raise invalid(f"'{at}.function.name' must be a string", f"{at}.function.name", "invalid_type")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise invalid(
+                f"'{at}.function.parameters' must be a JSON schema object",
+                f"{at}.function.parameters",
+                "invalid_type",
+            )
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise invalid(
+                f"'{at}.function.description' must be a string", f"{at}.function.description", "invalid_type"
+            )
+        try:
+            specs.append(ToolSpec.parse(tool))
+        except ToolSchemaError as e:
+            raise invalid(f"{at}: {e}", f"{at}.function", "invalid_tools") from None
+    names = [t.name for t in specs]
+    if len(set(names)) != len(names):
+        raise invalid(f"tool names must be unique, got {names}", "tools", "invalid_tools")
+    choice_raw = body.get("tool_choice")
+    if choice_raw is not None and not isinstance(choice_raw, str | dict):
+        raise invalid("'tool_choice' must be a string or an object", "tool_choice", "invalid_type")
+    try:
+        choice = ToolChoice.parse(choice_raw)
+        choice.check(specs)
+    except ToolSchemaError as e:
+        raise invalid(f"'tool_choice': {e}", "tool_choice", "invalid_value") from None
+    defs = [p.ToolDef(name=t.name, description=t.description, parameters=dict(t.parameters)) for t in specs]
+    return defs, p.ToolChoiceSpec(mode=choice.mode, name=choice.name)
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
@@ -182,13 +315,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise invalid("only n=1 is supported (one thinker reply per request)", "n", "unsupported_value")
     if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
         raise invalid("logprobs are not supported", "logprobs", "unsupported_value")
-    if body.get("tools") or body.get("functions"):
-        raise invalid(
-            "tools are not supported: the model cannot make tool calls", "tools", "unsupported_value"
-        )
-    choice = body.get("tool_choice")
-    if choice not in (None, "none", "auto"):
-        raise invalid("tool_choice needs tools, which are not supported", "tool_choice", "unsupported_value")
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
         raise invalid(
@@ -219,6 +345,7 @@ def parse_request(raw: bytes) -> ChatRequest:
         raise invalid(f"'model' must be a string, got {type(model).__name__}", "model", "invalid_type")
     messages = _messages(body)
     _refuse_unsupported(body)
+    tools, tool_choice = _tools(body)
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise invalid("'stream' must be a boolean", "stream", "invalid_type")
@@ -254,7 +381,7 @@ def parse_request(raw: bytes) -> ChatRequest:
         seed=None if seed is None else int(seed) & 0xFFFFFFFF,
         stop=[s for s in stop if s],
     )
-    return ChatRequest(model, messages, sampling, bool(stream), include_usage)
+    return ChatRequest(model, messages, sampling, bool(stream), include_usage, tools, tool_choice)
 
 
 # --- the endpoint -------------------------------------------------------------------------------------------------
@@ -263,8 +390,7 @@ def parse_request(raw: bytes) -> ChatRequest:
 def _engine_error(e: Exception) -> ChatError:
     if isinstance(e, EngineRequestError):
         status, type_, code = ENGINE_ERRORS.get(e.code, (500, "server_error", e.code))
-        param = "messages" if e.code == p.ErrorCode.CONTEXT_LENGTH_EXCEEDED else None
-        return ChatError(status, str(e), type=type_, param=param, code=code)
+        return ChatError(status, str(e), type=type_, param=ENGINE_ERROR_PARAMS.get(e.code), code=code)
     if isinstance(e, RequestTimeout):
         return ChatError(
             503, "the engine did not admit the request in time", type="server_error", code="timeout"
@@ -283,17 +409,31 @@ def _usage(done: p.TextDone) -> dict[str, Any]:
 
 
 def _finish_reason(done: p.TextDone) -> str:
-    return "length" if done.finish_reason == "length" else "stop"
+    if done.finish_reason in ("length", "tool_calls"):
+        return done.finish_reason
+    return "stop"
+
+
+def _tool_call(call: p.ToolCallItem) -> dict[str, Any]:
+    return {
+        "id": call.call_id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
 
 
 async def chat_completions(request: Request) -> Response:
     try:
-        req = parse_request(await request.body())
+        # In a worker thread: the tools' schemas are checked against their metaschema (jsonschema), work of their
+        # size that the event loop must not wait on.
+        req = await asyncio.to_thread(parse_request, await request.body())
     except ChatError as e:
         return e.response()
     try:
         # The same hub as the voice sessions: one way to the engine for every way in.
-        stream = await hub_of(request.app).start_text(req.messages, req.sampling)
+        stream = await hub_of(request.app).start_text(
+            req.messages, req.sampling, tools=req.tools, tool_choice=req.tool_choice
+        )
     except EngineUnavailableError as e:
         return ChatError(503, str(e), type="server_error", code="engine_unavailable").response()
     except (EngineRequestError, EngineLostError, RequestTimeout) as e:
@@ -323,6 +463,11 @@ async def chat_completions(request: Request) -> Response:
             _abort_soon(stream)
     if done.finish_reason in ("error", "abort"):
         return ChatError(500, done.error or "the request ended early", type="server_error").response()
+    said = "".join(text)
+    message: dict[str, Any] = {"role": "assistant", "content": said, "refusal": None}
+    if done.tool_calls:
+        message["content"] = said or None  # a reply that only called says nothing
+        message["tool_calls"] = [_tool_call(c) for c in done.tool_calls]
     return JSONResponse(
         {
             "id": completion_id,
@@ -333,7 +478,7 @@ async def chat_completions(request: Request) -> Response:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": "".join(text), "refusal": None},
+                    "message": message,
                     "logprobs": None,
                     "finish_reason": _finish_reason(done),
                 }
@@ -390,6 +535,11 @@ async def _sse(
                 err = ChatError(500, ev.error or "the request ended early", type="server_error")
                 yield b"data: " + json.dumps(err.body).encode() + b"\n\n"
                 break
+            for index, call in enumerate(ev.tool_calls):
+                # As OpenAI streams a call: its id, type and name with empty arguments, then the arguments.
+                head = {"index": index, "id": call.call_id, "type": "function"}
+                yield chunk({"tool_calls": [{**head, "function": {"name": call.name, "arguments": ""}}]})
+                yield chunk({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]})
             yield chunk({}, _finish_reason(ev))
             if include_usage:
                 body = json.loads(chunk({})[6:])

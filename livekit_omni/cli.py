@@ -28,6 +28,13 @@ def _serve(args: argparse.Namespace) -> int:
         print("livekit-omni serve: --workers must be at least 1", file=sys.stderr)
         return 2
     if args.workers > 1:
+        if settings.sip.enabled:
+            print(
+                "livekit-omni serve: SIP takes one process per node (--workers 1); more calls than one node holds go "
+                "through a SIP proxy in front of several nodes (docs/deployment.md, SIP)",
+                file=sys.stderr,
+            )
+            return 2
         from livekit_omni.workers import serve_workers
 
         return serve_workers(settings, args.workers)

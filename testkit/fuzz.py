@@ -13,7 +13,10 @@ that sends them to a running ``livekit-omni serve`` (loopback engine: no model t
   tags, deep nesting, truncated frames, bad and huge length prefixes;
 * ``rtp_opus``: garbage Opus payloads inside a real WebRTC call (real SRTP from an aiortc caller, then the
   server's jitter buffer, libopus, and the ingress ring), with the caller's echo checked after every batch;
-* ``realtime_json``: the same JSON mutations of real Realtime-dialect client events on ``/v1/realtime``.
+* ``realtime_json``: the same JSON mutations of real Realtime-dialect client events on ``/v1/realtime``;
+* ``sip``: mutated SIP requests (INVITE with SDP, OPTIONS, BYE, CANCEL, ACK, UPDATE, REFER, REGISTER, INFO) to the
+  SIP endpoint over UDP: each must be answered (not 5xx, save 503) or ignored, an INVITE that gets through is ACKed
+  and hung up, and the endpoint must answer an OPTIONS probe after every batch.
 
 What is allowed (:func:`judge_live` and friends): a typed error and the session (or connection) alive wherever the
 protocol lets it live; otherwise a clean close with an error first. Anything else is counted against the edge:
@@ -34,6 +37,7 @@ import fractions
 import itertools
 import json
 import random
+import re
 import struct
 import time
 import urllib.error
@@ -51,7 +55,7 @@ from av import Packet
 from livekit_omni.live import wire
 
 #: New edges go at the end: an edge's inputs are seeded by its index (:func:`edge_seed`).
-EDGES: Final = ("live_json", "base64_audio", "sdp", "control", "rtp_opus", "realtime_json")
+EDGES: Final = ("live_json", "base64_audio", "sdp", "control", "rtp_opus", "realtime_json", "sip")
 
 
 class Outcome(enum.StrEnum):
@@ -64,6 +68,7 @@ class Outcome(enum.StrEnum):
     INTERNAL_ERROR = "internal_error"
     NO_ANSWER = "no_answer"
     AUDIO_LOST = "audio_lost"
+    IGNORED = "ignored"  # SIP: a request not worth an answer (unparseable, or no Via to answer to)
 
 
 #: Outcomes that are bugs.
@@ -236,6 +241,8 @@ class FuzzTarget:
     server_pid: int
     engine_address: str
     api_key: str | None = None
+    #: The SIP endpoint's UDP port on 127.0.0.1 (the ``sip`` edge).
+    sip_port: int | None = None
 
     def health(self) -> dict[str, Any]:
         try:
@@ -1673,6 +1680,254 @@ async def _rtp_batch(
     return caller, track
 
 
+# --- sip --------------------------------------------------------------------------------------------------------
+
+_SIP_SDP: Final = (
+    "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+    "m=audio 4000 RTP/AVP 0 8 101\r\na=rtpmap:0 PCMU/8000\r\na=rtpmap:101 telephone-event/8000\r\na=sendrecv\r\n"
+)
+#: Placeholders the runner fills in: the sender's port and a per-input token (fresh branch and Call-ID).
+SIP_PORT_MARK: Final = b"{PORT}"
+SIP_ID_MARK: Final = b"{ID}"
+#: SIP inputs sent before their answers are collected, and how long the last one's answer may take.
+SIP_BATCH: Final = 40
+_SIP_TOKENS: Final = itertools.count(int(time.time() * 1000) % 10**9)
+SIP_ANSWER_WAIT_S: Final = 0.6
+
+
+def sip_seeds() -> list[bytes]:
+    """Real requests of every method the endpoint meets (placeholders for the port and a per-input id)."""
+
+    def req(method: str, body: str = "", extra: str = "", to_tag: bool = False) -> bytes:
+        head = (
+            f"{method} sip:omni@127.0.0.1:5060 SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{{PORT}};branch=z9hG4bK{{ID}};rport\r\n"
+            f'Max-Forwards: 70\r\nFrom: "F" <sip:f@127.0.0.1>;tag=t{{ID}}\r\n'
+            f"To: <sip:omni@127.0.0.1>{';tag=x' if to_tag else ''}\r\nCall-ID: {{ID}}@127.0.0.1\r\n"
+            f"CSeq: 1 {method}\r\nContact: <sip:f@127.0.0.1:{{PORT}}>\r\n{extra}"
+        )
+        if body:
+            head += f"Content-Type: application/sdp\r\nContent-Length: {len(body)}\r\n"
+        else:
+            head += "Content-Length: 0\r\n"
+        return (head + "\r\n" + body).encode()
+
+    return [
+        req("INVITE", _SIP_SDP),
+        req("INVITE", _SIP_SDP, "Supported: timer\r\nSession-Expires: 120;refresher=uac\r\n"),
+        req("OPTIONS"),
+        req("BYE", to_tag=True),
+        req("CANCEL"),
+        req("ACK", to_tag=True),
+        req("UPDATE", _SIP_SDP, to_tag=True),
+        req("REFER", extra="Refer-To: <sip:x@127.0.0.1>\r\n", to_tag=True),
+        req("REGISTER"),
+        req("INFO", to_tag=True),
+    ]
+
+
+def sip_mutate(rng: random.Random, raw: bytes) -> tuple[str, bytes]:
+    """One mutation of a SIP request (its name, the bytes)."""
+    b = bytearray(raw)
+    kind = rng.choice(
+        [
+            "bytes",
+            "truncate",
+            "shuffle",
+            "drop_line",
+            "inject",
+            "numbers",
+            "dup_line",
+            "line_ends",
+            "sdp",
+            "valid",
+        ]
+    )
+    if kind == "bytes":
+        for _ in range(rng.randint(1, 8)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+    elif kind == "truncate":
+        b = b[: rng.randrange(len(b))]
+    elif kind == "shuffle":
+        lines = bytes(b).split(b"\r\n")
+        rng.shuffle(lines)
+        b = bytearray(b"\r\n".join(lines))
+    elif kind == "drop_line":
+        lines = bytes(b).split(b"\r\n")
+        del lines[rng.randrange(len(lines))]
+        b = bytearray(b"\r\n".join(lines))
+    elif kind == "inject":
+        i = rng.randrange(len(b))
+        b[i:i] = rng.choice(
+            [
+                b"\x00",
+                b"\r\n",
+                b":",
+                b";",
+                b"<",
+                b">",
+                b'"',
+                b"%",
+                b"=" * 300,
+                b"\xff\xfe",
+                b" " * 2000,
+                b",,,",
+            ]
+        )
+    elif kind == "numbers":
+        old = rng.choice(
+            [b"CSeq: ", b"Content-Length: ", b"branch=", b"tag=", b"m=audio ", b"SIP/2.0", b"Expires: "]
+        )
+        new = rng.choice([b"", b"-1 ", b"99999999999 ", b"x", b"\t", b"SIP/3.0", b"0 "])
+        b = bytearray(bytes(b).replace(old, old + new, 1))
+    elif kind == "dup_line":
+        lines = bytes(b).split(b"\r\n")
+        i = rng.randrange(1, max(2, len(lines)))
+        lines.insert(i, lines[rng.randrange(len(lines))])
+        b = bytearray(b"\r\n".join(lines))
+    elif kind == "line_ends":
+        b = bytearray(bytes(b).replace(b"\r\n", rng.choice([b"\n", b"\r", b"\r\n "]), rng.randint(1, 4)))
+    elif kind == "sdp":
+        head, sep, body = bytes(b).partition(b"\r\n\r\n")
+        if body:
+            lines = body.split(b"\r\n")
+            j = rng.randrange(len(lines))
+            lines[j] = rng.choice(
+                [
+                    b"",
+                    b"m=audio 0 RTP/AVP 0",
+                    b"m=audio 4000 RTP/SAVP 0",
+                    b"c=IN IP4 0.0.0.0",
+                    b"a=sendonly",
+                    b"m=audio x RTP/AVP",
+                    b"a=rtpmap:0 ",
+                    b"m=video 4000 RTP/AVP 96",
+                    b"c=IN IP6 ::1",
+                    b"\xff" * 40,
+                ]
+            )
+            body = b"\r\n".join(lines)
+            head = head.replace(b"Content-Length: ", b"X-Old-Length: ")
+            b = bytearray(head + b"\r\nContent-Length: " + str(len(body)).encode() + sep + body)
+    return kind, bytes(b)
+
+
+def sip_inputs(rng: random.Random, n: int) -> Iterator[FuzzInput]:
+    seeds = sip_seeds()
+    for _ in range(n):
+        name, data = sip_mutate(rng, rng.choice(seeds))
+        yield FuzzInput(name, data)
+
+
+class _SipClient(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.received: asyncio.Queue[bytes] = asyncio.Queue()
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.received.put_nowait(data)
+
+
+_SIP_STATUS: Final = re.compile(rb"^SIP/2\.0 (\d{3})")
+_SIP_CALL_ID: Final = re.compile(rb"(?im)^(?:Call-ID|i)\s*:\s*(\S+)")
+
+
+async def run_sip(target: FuzzTarget, inputs: Iterator[FuzzInput], report: EdgeReport) -> None:
+    """Send the inputs in batches over UDP; judge each by the final answer to its Call-ID (or none); after every
+    batch the endpoint must answer an OPTIONS probe."""
+    assert target.sip_port is not None, "the sip edge needs a server with its SIP endpoint on"
+    server = ("127.0.0.1", target.sip_port)
+    loop = asyncio.get_running_loop()
+    transport, proto = await loop.create_datagram_endpoint(_SipClient, local_addr=("127.0.0.1", 0))
+    port = str(transport.get_extra_info("sockname")[1]).encode()
+    # Tokens (branches, Call-IDs) never repeat within a process: the endpoint answers a repeated branch as a
+    # retransmission of the earlier request, for 32 s.
+    counter = _SIP_TOKENS
+    try:
+        while True:
+            batch = list(itertools.islice(inputs, SIP_BATCH))
+            if not batch:
+                return
+            sent: dict[bytes, FuzzInput] = {}
+            for inp in batch:
+                token = b"fz%d" % next(counter)
+                sent[token] = inp
+                transport.sendto(inp.data.replace(SIP_PORT_MARK, port).replace(SIP_ID_MARK, token), server)
+                await asyncio.sleep(0)
+            finals: dict[bytes, int] = {}
+            deadline = loop.time() + SIP_ANSWER_WAIT_S
+            while loop.time() < deadline:
+                try:
+                    data = await asyncio.wait_for(proto.received.get(), deadline - loop.time())
+                except TimeoutError:
+                    break
+                m, c = _SIP_STATUS.match(data), _SIP_CALL_ID.search(data)
+                if m is None or c is None:
+                    continue
+                token = c.group(1).split(b"@")[0]
+                status = int(m.group(1))
+                if status >= 200 and token in sent:
+                    finals.setdefault(token, status)
+                    if 200 <= status < 300 and b"INVITE" in data.split(b"\r\n\r\n")[0]:
+                        _sip_hang_up(transport, server, data, port)
+            for token, inp in sent.items():
+                final = finals.get(token)
+                if final is None:
+                    report.add(inp, Outcome.IGNORED)
+                elif final >= 500 and final != 503:
+                    report.add(inp, Outcome.INTERNAL_ERROR, f"answered {final}")
+                elif final >= 300:
+                    report.add(inp, Outcome.REFUSED)
+                else:
+                    report.add(inp, Outcome.ACCEPTED)
+            if not await _sip_probe(transport, proto, server, port, next(counter)):
+                for inp in batch:
+                    report.add(inp, Outcome.NO_ANSWER, "the endpoint did not answer OPTIONS after this batch")
+                return
+    finally:
+        transport.close()
+
+
+def _sip_hang_up(
+    transport: asyncio.DatagramTransport, server: tuple[str, int], ok: bytes, port: bytes
+) -> None:
+    """ACK and BYE an INVITE the endpoint answered 200 (so the engine session ends now)."""
+    head = ok.split(b"\r\n\r\n")[0].split(b"\r\n")
+    keep = [h for h in head[1:] if h.split(b":")[0].strip().lower() in (b"from", b"to", b"call-id")]
+    for method, cseq in ((b"ACK", b"1"), (b"BYE", b"2")):
+        msg = [
+            method + b" sip:omni@127.0.0.1 SIP/2.0",
+            b"Via: SIP/2.0/UDP 127.0.0.1:"
+            + port
+            + b";branch=z9hG4bK"
+            + method
+            + str(random.random()).encode()[2:],
+            *keep,
+            b"CSeq: " + cseq + b" " + method,
+            b"Max-Forwards: 70",
+            b"Content-Length: 0",
+        ]
+        transport.sendto(b"\r\n".join(msg) + b"\r\n\r\n", server)
+
+
+async def _sip_probe(
+    transport: asyncio.DatagramTransport, proto: _SipClient, server: tuple[str, int], port: bytes, n: int
+) -> bool:
+    probe = sip_seeds()[2].replace(SIP_PORT_MARK, port).replace(SIP_ID_MARK, b"probe%d" % n)
+    for _ in range(3):
+        transport.sendto(probe, server)
+        deadline = asyncio.get_running_loop().time() + 2.0
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                break
+            try:
+                data = await asyncio.wait_for(proto.received.get(), remaining)
+            except TimeoutError:
+                break
+            if data.startswith(b"SIP/2.0 200") and b"probe%d@" % n in data:
+                return True
+    return False
+
+
 # --- one edge, measured ---------------------------------------------------------------------------------------
 
 InputsFn = Callable[[random.Random, int], Iterator[FuzzInput]]
@@ -1685,6 +1940,7 @@ GENERATORS: Final[dict[str, InputsFn]] = {
     "control": control_inputs,
     "rtp_opus": rtp_opus_inputs,
     "realtime_json": realtime_json_inputs,
+    "sip": sip_inputs,
 }
 RUNNERS: Final[dict[str, RunnerFn]] = {
     "live_json": run_live,
@@ -1693,6 +1949,7 @@ RUNNERS: Final[dict[str, RunnerFn]] = {
     "control": run_control,
     "rtp_opus": run_rtp,
     "realtime_json": run_realtime,
+    "sip": run_sip,
 }
 
 

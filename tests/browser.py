@@ -61,10 +61,10 @@ MIC_LEAD_MS = 4000
 FAKE_MIC_RATE = 48_000
 
 
-def write_fake_mic(path: Path, text: str, lead_ms: int = MIC_LEAD_MS) -> None:
-    """Write a fake microphone's file: ``text`` spoken by Piper after ``lead_ms`` of silence, then 10 s of silence
-    (the device plays it once: ``%noloop``)."""
-    clip = synthesize_speech(text, rate=FAKE_MIC_RATE, lead_silence_ms=lead_ms, tail_silence_ms=10_000)
+def write_fake_mic(path: Path, text: str, lead_ms: int = MIC_LEAD_MS, tail_ms: int = 10_000) -> None:
+    """Write a fake microphone's file: ``text`` spoken by Piper after ``lead_ms`` of silence, then ``tail_ms`` of
+    silence (the device plays it once: ``%noloop``, unless launched with ``loop_mic``)."""
+    clip = synthesize_speech(text, rate=FAKE_MIC_RATE, lead_silence_ms=lead_ms, tail_silence_ms=tail_ms)
     write_wav(path, clip, FAKE_MIC_RATE)
 
 
@@ -109,7 +109,12 @@ def find_chromium() -> tuple[str, str]:
 
 
 def chromium_args(
-    user_data_dir: str, *, fake_mic_wav: Path | None, grant_mic: bool, window: tuple[int, int]
+    user_data_dir: str,
+    *,
+    fake_mic_wav: Path | None,
+    grant_mic: bool,
+    window: tuple[int, int],
+    loop_mic: bool = False,
 ) -> list[str]:
     args = [
         "--headless=new",
@@ -137,7 +142,8 @@ def chromium_args(
     else:
         args.append("--deny-permission-prompts")
     if fake_mic_wav is not None:
-        args.append(f"--use-file-for-fake-audio-capture={Path(fake_mic_wav).resolve()}%noloop")
+        once = "" if loop_mic else "%noloop"
+        args.append(f"--use-file-for-fake-audio-capture={Path(fake_mic_wav).resolve()}{once}")
     return args
 
 
@@ -148,8 +154,10 @@ def launch_chromium(
     fake_mic_wav: Path | None = None,
     grant_mic: bool = True,
     window: tuple[int, int] = (1280, 900),
+    loop_mic: bool = False,
 ) -> Iterator[WebDriver]:
     """A fresh headless Chromium (its own profile) driven by selenium; always quit, its profile removed.
+    ``loop_mic``: the fake microphone plays its file over and over instead of once.
 
     The chromedriver log and the page's console go to ``log_dir`` when it ends."""
     require_mark("browser", "starts Chromium")
@@ -158,7 +166,9 @@ def launch_chromium(
     user_data_dir = tempfile.mkdtemp(prefix="lko-chromium-")
     options = Options()
     options.binary_location = chromium
-    for arg in chromium_args(user_data_dir, fake_mic_wav=fake_mic_wav, grant_mic=grant_mic, window=window):
+    for arg in chromium_args(
+        user_data_dir, fake_mic_wav=fake_mic_wav, grant_mic=grant_mic, window=window, loop_mic=loop_mic
+    ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     service = Service(executable_path=chromedriver, log_output=str(log_dir / "chromedriver.log"))

@@ -324,3 +324,22 @@ async def ask_and_wait(
     )
     await conv.settle(quiet_s=settle_s)
     return reply()
+
+
+def history_messages(session: AgentSession, role: str) -> list[str]:
+    """The text of every message of ``role`` in the AgentSession's history, in order."""
+    return [
+        (item.text_content or "")
+        for item in session.history.items
+        if item.type == "message" and item.role == role
+    ]
+
+
+async def wait_until(cond: Callable[[], object], timeout: float, what: str = "the condition") -> None:
+    """Poll ``cond`` every 100 ms until it is true; AssertionError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")

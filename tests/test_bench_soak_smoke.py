@@ -1,8 +1,8 @@
-"""Smoke test for benchmarks/soak.py: a ``--quick`` soak (two spoken conversations for one minute in 20 s windows)
+"""Smoke test for benchmarks/soak.py: a ``--quick`` soak (two spoken conversations for 30 s in 10 s windows)
 against a real server with the embedded models completes and ends with the JSON the issue asks for.
 
 The targets (RSS within ±10 %, p95 within 1.2x, nothing dropped, no restart) are what the benchmark measures over
-30 minutes, so they are not asserted on one minute; what is asserted is that every window was recorded with real
+30 minutes, so they are not asserted on half a minute; what is asserted is that every window was recorded with real
 figures: conversations answered, both processes' RSS read, the counters read from /metrics and /health.
 """
 
@@ -29,14 +29,14 @@ def test_soak_quick_records_every_window_and_reports_json(tmp_path: Path) -> Non
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=420,  # ~90 s: server start-up, one minute of calls, the turns under way at the end
+        timeout=420,  # ~60 s: server start-up, 30 s of calls, the turns under way at the end
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "window 1/3" in proc.stderr, "progress lines as it runs"
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     for key in ("rss_drift_pct", "p95_last_over_first", "dropped_events", "ring_overruns", "engine_restarts"):
         assert key in out, key
-    assert out["sessions"] == 2 and out["minutes"] == 1.0 and out["window_s"] == 20.0
+    assert out["sessions"] == 2 and out["minutes"] == 0.5 and out["window_s"] == 10.0
     windows = out["windows"]
     assert [w["window"] for w in windows] == [1, 2, 3]
     assert out["turns"] >= 4 and out["turns"] == sum(w["turns"] for w in windows), out

@@ -472,9 +472,11 @@ def test_barge_in_stops_the_answer_in_the_browser(idle_server: ServerProcess, ou
     assert report["errors"] == []
 
 
-#: The question of the resume test plays this long after getUserMedia: after the call connected, the network
-#: stalled long enough for Chromium to give the connection up (ICE consent, ~30 s) and the page resumed.
-RESUME_MIC_LEAD_MS = 75_000
+#: The resume test's microphone loops a question every ~25 s (20 s of silence, the question, 2 s of silence): the
+#: ones that play while the network is stalled are lost, and the first one after the page resumed (Chromium gives
+#: the connection up after ~30 s of ICE consent) is asked on the resumed call, whenever the resume lands.
+RESUME_MIC_LEAD_MS = 20_000
+RESUME_MIC_TAIL_MS = 2_000
 
 
 def test_a_lost_connection_resumes_the_same_session_and_the_call_goes_on(
@@ -485,8 +487,8 @@ def test_a_lost_connection_resumes_the_same_session_and_the_call_goes_on(
     resume token, and once the server runs again (SIGCONT) the same session goes on: same id, one engine session,
     no error, and a question asked after the resume is answered."""
     wav = output_dir / "fake-mic.wav"
-    write_fake_mic(wav, BROWSER_QUESTION, RESUME_MIC_LEAD_MS)
-    with launch_chromium(output_dir, fake_mic_wav=wav) as driver:
+    write_fake_mic(wav, BROWSER_QUESTION, RESUME_MIC_LEAD_MS, RESUME_MIC_TAIL_MS)
+    with launch_chromium(output_dir, fake_mic_wav=wav, loop_mic=True) as driver:
         open_page(driver, idle_server)
         before = connect(driver)
         sid = before["sessionId"]
@@ -513,7 +515,7 @@ def test_a_lost_connection_resumes_the_same_session_and_the_call_goes_on(
             lambda d: any(
                 BROWSER_ANSWER in normalize_text(m["text"]) for m in model_turns(page_call(d, "transcripts"))
             ),
-            timeout=RESUME_MIC_LEAD_MS / 1000 + 45,
+            timeout=2 * (RESUME_MIC_LEAD_MS + RESUME_MIC_TAIL_MS) / 1000 + 45,
             what="the answer to the question asked after the resume",
         )
         hang_up(driver)

@@ -287,7 +287,11 @@ async def _wait_closed(session) -> p.SessionClosed:
 
 
 async def test_past_the_context_limit_the_session_keeps_answering() -> None:
-    eng = spawn_engine(adapter="cascade", thinker={"max_model_len": 320})
+    # Short replies (8 tokens, a couple of seconds of speech each) reach the limit in the same number of turns
+    # without a minute of audio: what is tested is the trim, not the length of what is said.
+    eng = spawn_engine(
+        adapter="cascade", thinker={"max_model_len": 320, "max_reply_tokens": 8, "long_reply_tokens": 8}
+    )
     try:
         client = await connect_engine(eng)
         session = await client.open_session()

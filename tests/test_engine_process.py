@@ -164,6 +164,11 @@ def test_engine_kill9_mid_stream_errors_client_restarts_and_leaves_no_segments()
     starts a new engine, a new session works, and /dev/shm holds none of our segments afterwards."""
     before = set(list_our_segments())
     server = start_server(adapter="loopback")
+    engine_pid = server.engine_pid()
+    creators = {
+        server.proc.pid,
+        engine_pid,
+    }  # the pids whose segments this test answers for (more added below)
     try:
         code = f"""
 import asyncio, json, os, signal, sys, time
@@ -188,10 +193,9 @@ async def main():
     evs = []
     while not s.events.empty():
         evs.append(type(s.events.get_nowait()).__name__)
-    print(json.dumps({{"got": got, "events": evs, "closed": s.closed, "reason": s.close_reason}}))
+    print(json.dumps({{"got": got, "events": evs, "closed": s.closed, "reason": s.close_reason, "pid": os.getpid()}}))
 asyncio.run(main())
 """
-        engine_pid = server.engine_pid()
         out = subprocess.run(
             [sys.executable, "-c", code, str(engine_pid)],
             cwd=ROOT,
@@ -200,14 +204,16 @@ asyncio.run(main())
             timeout=120,
         )
         result = json.loads(out.stdout.strip().splitlines()[-1])
+        creators.add(result["pid"])
         assert result["got"] > 0, "audio flowed before the kill"
         assert result["closed"] and result["reason"] == "engine_lost"
         assert "SessionError" in result["events"] and "SessionClosed" in result["events"]
         # The supervisor brings up a new engine; /health goes back to 200 with a new pid.
         body = server.wait_ready(60)
         assert body["engine"]["pid"] != engine_pid and body["engine"]["restarts"] >= 1
+        creators.add(body["engine"]["pid"])
         code2 = f"""
-import asyncio
+import asyncio, os
 import numpy as np
 from engine_bridge.client import EngineClient
 async def main():
@@ -223,19 +229,26 @@ async def main():
             got += info.nsamples
     await s.close()
     await c.close()
-    print(got)
+    print(os.getpid(), got)
 asyncio.run(main())
 """
         out2 = subprocess.run(
             [sys.executable, "-c", code2], cwd=ROOT, capture_output=True, text=True, timeout=60
         )
-        assert int(out2.stdout.strip().splitlines()[-1]) > 0, out2.stderr
+        pid2, got2 = out2.stdout.strip().splitlines()[-1].split()
+        creators.add(int(pid2))
+        assert int(got2) > 0, out2.stderr
     finally:
         server.stop()
+
+    def leaked() -> set[str]:
+        # Only the segments this test's processes created: other test workers run sessions of their own meanwhile.
+        return {n for n in set(list_our_segments()) - before if int(n.split("_")[1]) in creators}
+
     deadline = time.monotonic() + 10
-    while set(list_our_segments()) - before and time.monotonic() < deadline:
+    while leaked() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not set(list_our_segments()) - before, f"leaked segments: {set(list_our_segments()) - before}"
+    assert not leaked(), f"leaked segments: {leaked()}"
 
 
 def test_serve_attaches_to_a_separately_started_engine() -> None:

@@ -19,6 +19,7 @@ from livekit_omni.live import wire
 from testkit import fuzz
 from testkit.fuzz import EdgeReport, FuzzInput, FuzzTarget, LiveObservation, Outcome
 from tests.conftest import ServerProcess, start_server
+from tests.sip_peers import free_udp_port, sip_env
 
 #: In ``make test``, not the fast tier (docs/development.md, Test tiers): fuzzing runs of several seconds each.
 pytestmark = pytest.mark.slow
@@ -32,9 +33,12 @@ INPUTS = {
     "sdp": 200,
     "rtp_opus": 500,
     "realtime_json": 400,
+    "sip": 1000,
 }
 #: Outcomes that show the input was refused (the fuzzer is hostile, not a stream of valid events).
-REFUSALS = (Outcome.ERROR_ALIVE, Outcome.REFUSED, Outcome.CLEAN_CLOSE)
+REFUSALS = (Outcome.ERROR_ALIVE, Outcome.REFUSED, Outcome.CLEAN_CLOSE, Outcome.IGNORED)
+#: The SIP endpoint's UDP port (the ``sip`` edge).
+SIP_PORT = free_udp_port()
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +50,7 @@ def server() -> Iterator[ServerProcess]:
             "LIVEKIT_OMNI_WEBRTC__LOOPBACK_ONLY": "true",
             # Offers the fuzzer never connects release their engine slot after this (the default is 30 s).
             "LIVEKIT_OMNI_LIMITS__WEBRTC_CONNECT_TIMEOUT_S": "2",
+            **sip_env(SIP_PORT),
         },
     )
     yield s
@@ -54,7 +59,7 @@ def server() -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def target(server: ServerProcess) -> FuzzTarget:
-    return FuzzTarget(server.url, server.proc.pid, "unix:" + server.socket_path)
+    return FuzzTarget(server.url, server.proc.pid, "unix:" + server.socket_path, sip_port=SIP_PORT)
 
 
 @pytest.mark.parametrize("edge", fuzz.EDGES)

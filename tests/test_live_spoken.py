@@ -31,6 +31,7 @@ from media.webrtc import enable_loopback_ice
 from testkit.live_client import LiveClient
 from testkit.webrtc_caller import WebRTCCaller
 from tests.conftest import ServerProcess, start_server
+from tests.plugin_harness import history_messages, wait_until
 from tests.speech_fixtures import synthesize_speech
 
 pytestmark = pytest.mark.models
@@ -240,23 +241,6 @@ async def _stream(mic: Mic, pcm: np.ndarray, stop: asyncio.Event) -> None:
         await asyncio.sleep(max(0.0, t0 + i * 0.02 - time.monotonic()))
 
 
-def _messages(session: AgentSession, role: str) -> list[str]:
-    return [
-        item.text_content or ""
-        for item in session.history.items
-        if item.type == "message" and item.role == role
-    ]
-
-
-async def _wait_for(cond: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        await asyncio.sleep(0.1)
-    raise TimeoutError
-
-
 async def test_livekit_gpt_live_model_stock_defaults_two_turn_conversation(
     cascade_server: ServerProcess,
 ) -> None:
@@ -277,9 +261,9 @@ async def test_livekit_gpt_live_model_stock_defaults_two_turn_conversation(
             stop.clear()
             feeder = asyncio.create_task(_stream(mic, synthesize_speech(question, rate=24000), stop))
             # The caller's words come back as a user message, then the model answers (an assistant message).
-            await _wait_for(lambda n=n: len(_messages(session, "user")) >= n, 30)
-            await _wait_for(
-                lambda n=n: len([m for m in _messages(session, "assistant") if m.strip()]) >= n, 30
+            await wait_until(lambda n=n: len(history_messages(session, "user")) >= n, 30)
+            await wait_until(
+                lambda n=n: len([m for m in history_messages(session, "assistant") if m.strip()]) >= n, 30
             )
             await asyncio.sleep(1.5)  # let the reply finish
             stop.set()
@@ -293,8 +277,8 @@ async def test_livekit_gpt_live_model_stock_defaults_two_turn_conversation(
         await session.aclose()
         close_s = time.monotonic() - t0
         await model.aclose()
-    users = _messages(session, "user")
-    assistants = [m for m in _messages(session, "assistant") if m.strip()]
+    users = history_messages(session, "user")
+    assistants = [m for m in history_messages(session, "assistant") if m.strip()]
     assert mentions(users[0], "capital", "France"), users
     assert mentions(users[1], "spider"), users
     # Each turn's answer, in order: SmolLM2-135M (greedy) knows both facts.

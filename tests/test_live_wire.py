@@ -13,7 +13,8 @@ import msgspec
 import pytest
 from openai.types.live import ServerEvent as SDKServerEvent
 from openai.types.live import SessionStartedEvent
-from pydantic import BaseModel
+from openai.types.responses import ResponseStreamEvent
+from pydantic import BaseModel, TypeAdapter
 
 from livekit_omni.live import wire
 
@@ -28,6 +29,8 @@ def _sdk_models() -> dict[str, type[BaseModel]]:
 
 
 SDK_MODELS = _sdk_models()
+#: The Responses streaming events a ``response.event`` nests (the SDK's discriminated union).
+RESPONSES_EVENT: TypeAdapter[typing.Any] = TypeAdapter(ResponseStreamEvent)
 
 
 def decode_error(raw: str | bytes) -> wire.WireError:
@@ -263,7 +266,35 @@ def _one_of_each() -> list[wire.ServerEvent]:
         wire.SessionClosed(reason="close_requested", session=res, usage=wire.usage(2.5)),
         wire.error_event("c", "m"),
         wire.Info(code="i", message="m"),
+        wire.DelegationCreated(
+            delegation=wire.DelegationInfo(
+                id="del_1", target="responses", type="delegation", response_id="r"
+            ),
+            offset_ms=1200,
+        ),
+        *_backend_stream(),
     ]
+
+
+def _backend_stream() -> list[wire.ServerEvent]:
+    """A call's whole backend response, as ``response.event`` envelopes (one of each nested event)."""
+    from engine_bridge import protocol as p
+    from livekit_omni.live import delegation as dg
+
+    r = dg.BackendResponse("resp_1", "del_1", "gpt-5.6-luna", p.ToolChoiceSpec(mode="required"))
+    call = p.ToolCallItem(call_id="call_1", name="get_weather", arguments='{"city": "Paris"}')
+    done = p.ReplyDone(
+        session_id="s",
+        turn_id=1,
+        epoch=0,
+        interrupted=False,
+        text="",
+        total_samples=0,
+        input_tokens=9,
+        output_tokens=4,
+    )
+    nested = [r.created(), *r.call(call), r.completed(dg.usage_of(done))]
+    return [wire.ResponseEvent(event=e, delegation_id="del_1") for e in nested]
 
 
 def test_every_server_event_round_trips_and_validates_against_the_sdk() -> None:
@@ -276,6 +307,36 @@ def test_every_server_event_round_trips_and_validates_against_the_sdk() -> None:
         obj = json.loads(data)
         model = SDK_MODELS[obj["type"]]
         model.model_validate(obj, strict=True)
+        if obj["type"] == "response.event":
+            RESPONSES_EVENT.validate_python(obj["event"], strict=True)
+
+
+def test_a_backend_response_stream_is_what_livekit_reads() -> None:
+    """The nested events of one call, in order, numbered, with cleared snapshots and the completed call item."""
+    nested = [json.loads(wire.encode(e))["event"] for e in _backend_stream()]
+    assert [e["type"] for e in nested] == [
+        "response.created",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e["sequence_number"] for e in nested] == list(range(6))
+    created, completed = nested[0]["response"], nested[-1]["response"]
+    for snap in (created, completed):
+        assert snap["output"] == [] and snap["tools"] == [] and "instructions" not in snap
+        assert snap["id"] == "resp_1" and snap["model"] == "gpt-5.6-luna"
+    assert created["status"] == "in_progress" and completed["status"] == "completed"
+    assert completed["usage"]["input_tokens"] == 9 and completed["usage"]["total_tokens"] == 13
+    item = nested[4]["item"]
+    assert item["type"] == "function_call" and item["status"] == "completed"
+    assert (item["call_id"], item["name"], json.loads(item["arguments"])) == (
+        "call_1",
+        "get_weather",
+        {"city": "Paris"},
+    )
+    assert nested[1]["item"]["id"] == item["id"] == nested[2]["item_id"] == nested[3]["item_id"]
 
 
 def test_server_event_decoding_tells_unknown_from_broken() -> None:

@@ -295,11 +295,19 @@ async def test_unknown_event(server: ServerProcess) -> None:
         await c.send({"type": "session.frobnicate", "event_id": "u1"})
         ev = await expect_error(c, "unknown_event")
         assert ev.error.client_event_id == "u1" and "session.frobnicate" in ev.error.message
+        # Known, but only under responses delegation (this session has none: client).
+        await c.send({"type": "response.create", "event_id": "r1"})
+        ev = await expect_error(c, "responses_delegation_required")
+        assert ev.error.client_event_id == "r1" and "responses delegation" in ev.error.message
         await c.send(
-            {"type": "response.create", "event_id": "r1"}
-        )  # known, but there is no Responses backend
-        ev = await expect_error(c, "unsupported_event")
-        assert "Responses backend" in ev.error.message
+            {
+                "type": "response.item.create",
+                "item": {"type": "function_call_output", "call_id": "call_1", "output": "42"},
+            }
+        )
+        await expect_error(c, "responses_delegation_required")
+        await c.send({"type": "decision.create", "event_id": "d1"})
+        assert "Decisions" in (await expect_error(c, "unsupported_event")).error.message
         await still_alive(c)
     finally:
         await c.close()

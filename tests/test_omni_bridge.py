@@ -166,6 +166,7 @@ def test_health_reports_model_owned_turn_taking_as_capability_data(server: Serve
         "resident_kv": False,
         "exact_rollback": False,
         "text_completions": False,  # no LLM of ours: /v1/chat/completions answers 400 on this adapter
+        "tools": False,  # vLLM-Omni's duplex endpoint runs no function tools: a session with tools is refused
     }
     omni = eng["omni"]
     assert omni["preset"] == "minicpmo_4_5" and omni["sidecar"] == "up"

@@ -175,8 +175,13 @@ async def test_a_bridged_session_against_vllm_omnis_own_handler(real_server: Rea
         assert st["durations"] == [pr.input_unit_ms]
         assert st["last_audio_end_ms"] == st["appends"] * pr.input_unit_ms
         assert st["commits"] == (0 if pr.owns_turn_taking else 1)
-        # The playout went back as playback.ack, up to the whole reply.
-        played = [a["played_ms"] for a in st["acks"]]
+        # The playout went back as playback.ack, up to the whole reply (the last ack travels to the server over its
+        # own socket while ReplyDone travels to us: wait for it a moment).
+        for _ in range(60):  # 3 s
+            played = [a["played_ms"] for a in real_server.session(sid)["acks"]]
+            if played and abs(played[-1] - REPLY_MS) <= 1:
+                break
+            await asyncio.sleep(0.05)
         assert played == sorted(played) and abs(played[-1] - REPLY_MS) <= 1
 
         # 2. Barge-in: our interrupt acks the played position, then barge_in (response.cancel without barge-in).

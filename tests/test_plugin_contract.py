@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 import pytest
 from livekit import rtc
-from livekit.agents import Agent, AgentServer, AgentSession, JobContext, Plugin, llm, metrics
+from livekit.agents import Agent, AgentServer, AgentSession, JobContext, Plugin, function_tool, llm, metrics
 from livekit.agents.llm import duplex, duplex_adapter
 from livekit.agents.voice import io
 
 import livekit_omni
+from engine_bridge import protocol as p
 from livekit_omni.plugin import gate as gate_mod
 from livekit_omni.plugin import session as session_module
 from livekit_omni.plugin.colocated import ColocatedSession
@@ -220,11 +221,112 @@ def test_options_have_one_set_of_defaults_and_exactly_one_connection(monkeypatch
 
 
 def test_capabilities_are_honest() -> None:
-    caps = OmniDuplexModel(engine_address="unix:/tmp/x.sock").capabilities
-    assert caps.user_transcription is True
-    assert caps.auto_tool_reply_generation is False  # no tools ever run
-    assert caps.mutable_instructions is False and caps.mutable_chat_context is False
-    assert caps.mutable_tools is False
+    for model in (
+        OmniDuplexModel(engine_address="unix:/tmp/x.sock"),
+        OmniDuplexModel(base_url="http://h/v1"),
+    ):
+        caps = model.capabilities
+        assert caps.user_transcription is True
+        # A tool's result asks for no reply by itself: the framework asks for the answer (_generate_reply).
+        assert caps.auto_tool_reply_generation is False
+        assert caps.mutable_instructions is False and caps.mutable_chat_context is False
+        assert caps.mutable_tools is True  # UpdateSession.tools / the Live delegation's session.update
+
+
+def test_the_framework_asks_for_the_answer_to_a_tool_result() -> None:
+    """What the plugin's tool flow relies on in livekit-agents: with ``auto_tool_reply_generation=False`` the
+    framework sends the results through ``update_chat_ctx`` and then asks for the reply (``_realtime_reply_task``
+    with ``tool_reply=True``, which reaches ``_generate_reply``); the tool choice of that reply is set session-wide
+    (``update_options``) because a duplex model has no per-response tool choice; a call with no burst open becomes
+    a generation of its own; function tools have LiveKit's OpenAI schema helper."""
+    from livekit.agents.voice.agent_activity import AgentActivity
+
+    src = inspect.getsource(AgentActivity._realtime_generation_task_impl)
+    assert "auto_tool_reply_generation" in src and "tool_reply=True" in src
+    assert src.index("update_chat_ctx(chat_ctx)") < src.index("tool_reply=True")
+    reply = inspect.getsource(AgentActivity._realtime_reply_task)
+    assert "per_response_tool_choice" in reply and "update_options(tool_choice=" in reply
+    assert "generate_reply(" in reply
+    adapter = inspect.getsource(duplex_adapter.DuplexRealtimeAdapter.__init__)
+    assert "per_response_tool_choice=False" in adapter and "auto_tool_reply_generation=caps" in adapter
+    assert '_open_burst(kind="tool")' in inspect.getsource(
+        duplex_adapter._DuplexRealtimeSession._on_function_call
+    )
+    assert params(llm.utils.build_legacy_openai_schema) == ["function_tool", "internally_tagged"]
+    assert {"call_id", "name", "arguments"} <= set(llm.FunctionCall.model_fields)
+    assert {"call_id", "output", "is_error", "reply_required", "name"} <= set(
+        llm.FunctionCallOutput.model_fields
+    )
+
+
+async def test_tools_and_tool_choice_reach_the_engine_configuration() -> None:
+    """The agent's tools become the engine's tool definitions (LiveKit's schema of a ``@function_tool``, a raw
+    schema as given), the tool choice option goes with them, and none without tools."""
+
+    @function_tool
+    async def get_weather(city: str) -> str:
+        """Get the current weather in a given city."""
+        return city
+
+    raw = function_tool(
+        lambda raw_arguments: "",
+        raw_schema={
+            "name": "lookup",
+            "description": "Look a word up.",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    )
+    model = OmniDuplexModel(
+        engine_address="unix:/tmp/x.sock", tool_choice="get_weather", acknowledgement_delay_ms=800
+    )
+    s = model.session()
+    assert isinstance(s, ColocatedSession)
+    try:
+        assert s.tools.flatten() == [] and s.tool_choice == p.ToolChoiceSpec()
+        await s._update_tools([get_weather, raw])
+        assert set(s.tools.function_tools) == {"get_weather", "lookup"}
+        config = s._session_config()
+        assert [t.name for t in config.tools] == ["get_weather", "lookup"]
+        weather = config.tools[0]
+        assert weather.description == "Get the current weather in a given city."
+        assert weather.parameters["properties"]["city"]["type"] == "string"
+        assert weather.parameters["required"] == ["city"]
+        assert config.tools[1].parameters == {"type": "object", "properties": {"q": {"type": "string"}}}
+        assert config.tool_choice == p.ToolChoiceSpec(mode="function", name="get_weather")
+        assert config.acknowledgement_delay_ms == 800
+        # The framework's choice overrides the option while it sets one; None restores it.
+        s._update_options(tool_choice="none")
+        assert s.tool_choice == p.ToolChoiceSpec(mode="none")
+        s._update_options(tool_choice={"type": "function", "function": {"name": "lookup"}})
+        assert s.tool_choice == p.ToolChoiceSpec(mode="function", name="lookup")
+        s._update_options(tool_choice=None)
+        assert s.tool_choice == p.ToolChoiceSpec(mode="function", name="get_weather")
+    finally:
+        await s.aclose()
+    # No tools: no choice to make (the engine refuses "required" without tools).
+    s = OmniDuplexModel(engine_address="unix:/tmp/x.sock", tool_choice="required").session()
+    try:
+        assert s.tool_choice == p.ToolChoiceSpec()
+    finally:
+        await s.aclose()
+
+
+async def test_tools_the_plugin_can_tell_are_unusable_are_refused_by_name() -> None:
+    s = OmniDuplexModel(engine_address="unix:/tmp/x.sock").session()
+    bad_name = function_tool(
+        lambda raw_arguments: "", raw_schema={"name": "no spaces allowed", "parameters": {"type": "object"}}
+    )
+    try:
+        with pytest.raises(llm.RealtimeError, match="no spaces allowed") as e:
+            await s._update_tools([bad_name])
+        assert e.value.code == "invalid_tools"
+        assert s.tools.flatten() == []
+    finally:
+        await s.aclose()
+    with pytest.raises(ValueError, match="tool_choice"):
+        OmniOptions(tool_choice="not a name")
+    with pytest.raises(ValueError, match="acknowledgement_delay_ms"):
+        OmniOptions(acknowledgement_delay_ms=-5)
 
 
 def frame(level: float, ms: int = 20, *, in_reply: bool = False) -> rtc.AudioFrame:

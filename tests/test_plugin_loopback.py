@@ -145,7 +145,12 @@ async def test_a_full_engine_is_an_unrecoverable_error(engine: EngineProcess, cl
     assert (await client.ping()).active_sessions == 0
 
 
-async def test_an_agent_with_tools_fails_to_start_with_a_clear_error(engine: EngineProcess) -> None:
+async def test_an_agent_with_tools_on_an_engine_without_them_fails_to_start_naming_them(
+    engine: EngineProcess, client: EngineClient
+) -> None:
+    """The loopback fixture has no model to call tools: the engine refuses the session's tools when it opens, and
+    the agent's start fails with a ``RealtimeError`` (``invalid_tools``) naming them; nothing stays open."""
+
     @function_tool
     async def lookup(city: str) -> str:
         """Weather for a city."""
@@ -154,10 +159,12 @@ async def test_an_agent_with_tools_fails_to_start_with_a_clear_error(engine: Eng
     model = OmniDuplexModel(engine_address=engine.address)
     session = AgentSession(llm=model, aec_warmup_duration=None)
     session.input.audio, session.output.audio = Mic(), Speaker()
-    with pytest.raises(llm.RealtimeError, match="does not run tools"):
+    with pytest.raises(llm.RealtimeError, match="lookup") as refused:
         await session.start(Agent(instructions="x", tools=[lookup]))
+    assert refused.value.code == "invalid_tools"
     await session.aclose()
     await model.aclose()
+    assert (await client.ping()).active_sessions == 0
 
 
 async def test_losing_the_engine_closes_the_agent_session_with_an_error() -> None:

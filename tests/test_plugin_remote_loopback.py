@@ -111,7 +111,8 @@ async def test_context_on_the_wire_before_and_after_start(server: ServerProcess)
     start = json.loads(wire.encode(start_event))["session"]  # as it crossed the wire
     assert start["instructions"] == "You are terse."
     assert start["audio"] == {"format": {"type": "audio/pcm", "rate": 24_000}, "output": {"voice": "marin"}}
-    assert start["delegation"] == {"type": "client"}
+    # A responses delegation (GPT-Live's default), so that tools can be added later; none yet.
+    assert start["delegation"] == {"type": "responses", "responses": {"model": "livekit-omni"}}
     assert [(i["role"], i["content"][0]["text"]) for i in start["input"]] == [
         ("developer", "Speak French."),
         ("user", "My name is Bob."),
@@ -139,8 +140,30 @@ async def test_context_on_the_wire_before_and_after_start(server: ServerProcess)
         ("session.commentary.append", "Say hello."),
         ("session.commentary.append", ""),  # the engine's speak-now
     ]
-    with pytest.raises(llm.RealtimeError, match="does not run tools"):
-        await s._update_tools([llm.function_tool(lambda: "x", name="f", description="d")])
+    # New tools (and the framework's tool choice) go to the delegation with session.update.
+    await s._update_tools([llm.function_tool(lambda: "x", name="f", description="d")])
+    s._update_options(tool_choice="required")
+    s._update_options(tool_choice=None)
+    await asyncio.sleep(0.5)
+    updates = [json.loads(wire.encode(e))["session"]["delegation"] for e in sent(events, wire.SessionUpdate)]
+    assert updates == [
+        {
+            "type": "responses",
+            "responses": {
+                "tools": [
+                    {
+                        "type": "function",
+                        "name": "f",
+                        "description": "d",
+                        "parameters": {"properties": {}, "title": "<lambda>Args", "type": "object"},
+                    }
+                ],
+                "tool_choice": "auto",
+            },
+        },
+        {"type": "responses", "responses": {"tool_choice": "required"}},
+        {"type": "responses", "responses": {"tool_choice": "auto"}},
+    ], updates
     await s.aclose()
     assert sent(events, wire.SessionClose), "a clean close asks the server to finalize"
     await model.aclose()

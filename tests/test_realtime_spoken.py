@@ -11,30 +11,26 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pytest
 from livekit.agents import Agent, AgentSession
 from livekit.plugins.openai.realtime import RealtimeModel
-from openai import AsyncOpenAI
 
 from engine_bridge import protocol as p
 from engine_bridge.client import EngineClient
 from tests.conftest import ServerProcess, start_server
-from tests.plugin_harness import Mic, Speaker, words
+from tests.plugin_harness import Mic, Speaker, history_messages, wait_until, words
 from tests.realtime_checks import ServerEventLog
+from tests.realtime_sdk import API_KEY, INSTRUCTIONS, sdk_caller
 from tests.speech_fixtures import synthesize_speech
 
 pytestmark = pytest.mark.models
 
-API_KEY = "sk-test"
 QUESTION = "What is the capital of France?"
-INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
 STORYTELLER = "You are a storyteller. Always answer at length, in many sentences."
 
 
@@ -65,86 +61,6 @@ async def engine_log_when(
             assert cond(log), [(e.role, e.text, e.interrupted) for e in log]
             return log
         await asyncio.sleep(0.2)
-
-
-class SdkCaller:
-    """The openai SDK's Realtime connection, a microphone task at real time, and the log of every event."""
-
-    def __init__(self, conn: Any, *, mic: bool = True) -> None:
-        self.conn = conn
-        self.log = ServerEventLog()
-        self.mic: asyncio.Queue[np.ndarray] = asyncio.Queue()
-        self.audio: dict[str, bytearray] = {}
-        self._feeder = asyncio.create_task(self._feed() if mic else asyncio.sleep(0))
-
-    async def _feed(self) -> None:
-        """100 ms chunks at real time: queued speech, else silence (a live microphone never stops)."""
-        t0 = time.monotonic()
-        i = 0
-        pending = np.zeros(0, np.int16)
-        while True:
-            while not self.mic.empty():
-                pending = np.concatenate([pending, self.mic.get_nowait()])
-            chunk, pending = pending[:2400], pending[2400:]
-            if len(chunk) < 2400:
-                chunk = np.concatenate([chunk, np.zeros(2400 - len(chunk), np.int16)])
-            await self.conn.input_audio_buffer.append(
-                audio=base64.b64encode(chunk.astype("<i2").tobytes()).decode()
-            )
-            i += 1
-            await asyncio.sleep(max(0.0, t0 + i * 0.1 - time.monotonic()))
-
-    def say(self, text: str) -> None:
-        self.mic.put_nowait(synthesize_speech(text, rate=24000))
-
-    async def next(self, timeout: float = 30) -> dict[str, Any]:
-        # The frame as the server sent it (validated later), and parsed by the SDK as an application would.
-        frame = await asyncio.wait_for(self.conn.recv_bytes(), timeout)
-        self.conn.parse_event(frame)
-        raw = json.loads(frame)
-        if raw["type"] == "response.output_audio.delta":
-            self.audio.setdefault(raw["response_id"], bytearray()).extend(base64.b64decode(raw["delta"]))
-        return self.log.add(raw)
-
-    async def logged(self, pred: Any, timeout: float = 40) -> dict[str, Any]:
-        """The first event (already received or still to come) for which ``pred`` holds."""
-        seen = next((e for e in self.log.events if pred(e)), None)
-        deadline = time.monotonic() + timeout
-        while seen is None:
-            ev = await self.next(max(0.1, deadline - time.monotonic()))
-            seen = ev if pred(ev) else None
-        return seen
-
-    async def until(self, etype: str, timeout: float = 40, **match: Any) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            ev = await self.next(max(0.1, deadline - time.monotonic()))
-            if ev["type"] == etype and all(ev.get(k) == v for k, v in match.items()):
-                return ev
-
-    async def close(self) -> None:
-        self._feeder.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._feeder
-
-
-@contextlib.asynccontextmanager
-async def sdk_caller(
-    server: ServerProcess, session: dict[str, Any], *, mic: bool = True, instructions: str = INSTRUCTIONS
-) -> AsyncIterator[SdkCaller]:
-    client = AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY)
-    async with client.realtime.connect(model="gpt-realtime") as conn:
-        caller = SdkCaller(conn, mic=mic)
-        try:
-            created = await caller.next(10)
-            assert created["type"] == "session.created", created
-            await conn.session.update(session={"type": "realtime", "instructions": instructions, **session})
-            updated = await caller.until("session.updated", 10)
-            assert updated["session"]["instructions"] == instructions
-            yield caller
-        finally:
-            await caller.close()
-    caller.log.validate()
 
 
 def response_order_ok(types: list[str], response_events: list[str]) -> None:
@@ -344,23 +260,6 @@ async def test_barge_in_cancels_and_truncate_keeps_words_heard(cascade_server: S
 # --- LiveKit's stock RealtimeModel ------------------------------------------------------------------------------
 
 
-def _messages(session: AgentSession, role: str) -> list[str]:
-    return [
-        (item.text_content or "")
-        for item in session.history.items
-        if item.type == "message" and item.role == role
-    ]
-
-
-async def _wait_for(cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 async def test_livekit_realtime_model_two_turns_and_generate_reply(cascade_server: ServerProcess) -> None:
     """Stock ``RealtimeModel(base_url=<server>/v1, api_key=...)`` (semantic_vad, transcription, tools defaults) in
     an AgentSession: two spoken turns are answered, then ``generate_reply()`` speaks."""
@@ -374,26 +273,26 @@ async def test_livekit_realtime_model_two_turns_and_generate_reply(cascade_serve
         await session.start(agent=Agent(instructions=INSTRUCTIONS))
         for n, question in enumerate([QUESTION, "How many legs does a spider have?"], 1):
             await mic.say(synthesize_speech(question, rate=24000))
-            await _wait_for(lambda n=n: len(_messages(session, "user")) >= n, 40, f"user message {n}")
-            await _wait_for(
-                lambda n=n: len([m for m in _messages(session, "assistant") if m.strip()]) >= n,
+            await wait_until(lambda n=n: len(history_messages(session, "user")) >= n, 40, f"user message {n}")
+            await wait_until(
+                lambda n=n: len([m for m in history_messages(session, "assistant") if m.strip()]) >= n,
                 60,
                 f"assistant message {n}",
             )
             await asyncio.sleep(2.0)
-        before = len([m for m in _messages(session, "assistant") if m.strip()])
+        before = len([m for m in history_messages(session, "assistant") if m.strip()])
         handle = session.generate_reply(instructions="Say goodbye to the caller.")
         await asyncio.wait_for(handle, 60)
-        await _wait_for(
-            lambda: len([m for m in _messages(session, "assistant") if m.strip()]) > before,
+        await wait_until(
+            lambda: len([m for m in history_messages(session, "assistant") if m.strip()]) > before,
             30,
             "the generated reply",
         )
     finally:
         await session.aclose()
         await model.aclose()
-    users = _messages(session, "user")
-    assistants = [m for m in _messages(session, "assistant") if m.strip()]
+    users = history_messages(session, "user")
+    assistants = [m for m in history_messages(session, "assistant") if m.strip()]
     assert "capital" in users[0].lower() and "spider" in users[1].lower(), users
     assert any("paris" in m.lower() for m in assistants), assistants
     assert speaker.played > 1.0
@@ -413,13 +312,15 @@ async def test_livekit_realtime_model_barge_in_truncates_the_answer(cascade_serv
         await session.start(agent=Agent(instructions=STORYTELLER))
         session.current_agent.realtime_llm_session.on("openai_server_event_received", raw.add)
         await mic.say(synthesize_speech("Tell me a long story about a dragon and a knight.", rate=24000))
-        await _wait_for(lambda: speaker.pushed > 2.5, 60, "2.5 s of the story")
+        await wait_until(lambda: speaker.pushed > 2.5, 60, "2.5 s of the story")
         await mic.say(synthesize_speech("Stop. What is the capital of France?", rate=24000))
-        await _wait_for(
+        await wait_until(
             lambda: bool(_interrupted(session)), 30, "the interrupted answer in LiveKit's history"
         )
-        await _wait_for(
-            lambda: any("paris" in m.lower() for m in _messages(session, "assistant")), 60, "the next answer"
+        await wait_until(
+            lambda: any("paris" in m.lower() for m in history_messages(session, "assistant")),
+            60,
+            "the next answer",
         )
         sid = next(
             e["session"]["id"] for e in raw.events if e["type"] in ("session.created", "session.updated")

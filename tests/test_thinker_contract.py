@@ -35,7 +35,7 @@ from engine_bridge.thinker.base import (
     UnknownSessionError,
 )
 from engine_bridge.thinker.model_store import LoadedModel, build_tiny_random, load_tokenizer
-from engine_bridge.thinker.tools import ToolCall, ToolChoice, ToolSchemaError, ToolSpec
+from engine_bridge.thinker.tools import ToolCall, ToolChoice, ToolSchemaError, ToolSpec, spoken_spans
 from engine_bridge.thinker.torch_backend import TorchThinker, TorchThinkerConfig
 from engine_bridge.thinker.vllm_backend import VllmEngine, VllmThinker, VllmThinkerConfig
 
@@ -429,6 +429,22 @@ def test_prompt_length_is_what_a_reply_reads_first(th: ThinkerBackend) -> None:
         assert len(tokens) == 6 and len(th.log(sid)) == expected + len(tokens)
         th.end_reply(sid)
         assert len(th.log(sid)) == expected + len(tokens) + th.reply_footer_length()
+
+
+def test_prompt_length_counts_the_tools_and_their_messages(th: ThinkerBackend) -> None:
+    """With tools (listed in the system segment), a call in the history (the model's call text) and its result (a
+    tool message), ``prompt_length`` is still the log ``open`` builds plus the assistant header."""
+    call = th.tool_format.render_call(ToolCall("call_1", "get_weather", '{"city": "Paris"}'))
+    history = [
+        Message("user", "What is the weather like in Paris today?"),
+        Message("assistant", call),
+        Message("tool", '{"temperature": 21}'),
+    ]
+    expected = th.prompt_length("Be brief.", history, [WEATHER, CLOCK])
+    assert expected > th.prompt_length("Be brief.", history) + 50  # the tools' system text counts
+    th.open("a", "Be brief.", history, tools=[WEATHER, CLOCK])
+    th.begin_reply("a", decoding=dataclasses.replace(TOOL_GREEDY, tool_choice=ToolChoice("none")))
+    assert len(th.log("a")) == expected
 
 
 def test_deferred_append_is_computed_with_the_reply(make: Factory) -> None:
@@ -1019,6 +1035,82 @@ def test_tool_call_arguments_always_fit_the_schema(th: ThinkerBackend) -> None:
     assert call is None and "<tool_call>" not in th.decode(list(th.log("a").tokens[ckpt:]))
 
 
+def test_a_call_is_not_cut_by_the_spoken_length_rule_nor_penalised(th: ThinkerBackend) -> None:
+    """``brief_max_tokens`` (the spoken-length rule) ends words, not a call: a call longer than it is whole. A call
+    whose free strings are the caller's words decodes without the repetition penalty (its JSON repeats quotes and
+    colons by its grammar): greedy, the call is the same with the penalty set as without it."""
+    th.spoken_arguments = True
+    th.open("a", "Be brief.", tools=[WEATHER])
+    th.append("a", "user", "What is the weather like in Paris today?")
+    for choice in (ToolChoice("required"), ToolChoice("function", "get_weather")):
+        calls = []
+        for penalty in (1.0, 1.3):
+            brief = dataclasses.replace(
+                TOOL_GREEDY,
+                brief_max_tokens=5,
+                max_sentences=1,
+                repetition_penalty=penalty,
+                tool_choice=choice,
+            )
+            ckpt = th.begin_reply("a", decoding=brief)
+            said, last = "", None
+            while last is None or not last.done:
+                last = th.step(["a"])["a"]
+                said += last.text
+            assert said == "" and last.tool_call is not None and last.finish_reason == "tool_call", said
+            jsonschema.validate(last.tool_call.parsed_arguments(), WEATHER_SCHEMA)
+            calls.append((last.tool_call.name, last.tool_call.arguments))
+            th.rollback("a", ckpt)
+        assert calls[0] == calls[1]
+
+
+def test_spoken_arguments_take_a_forced_calls_free_strings_from_the_callers_words(th: ThinkerBackend) -> None:
+    """With ``spoken_arguments`` a forced call's free strings are runs of the caller's latest words; an enum keeps
+    its own values; ``auto`` and ``none`` replies are not touched. Without it the values are only schema-valid."""
+    question = "What is the weather like in Paris today?"
+    th.spoken_arguments = True
+    th.open("a", "Be brief.", tools=[WEATHER])
+    th.append("a", "user", question)
+    for choice in (ToolChoice("required"), ToolChoice("function", "get_weather")):
+        _, call, ckpt = tool_reply(th, "a", choice)
+        assert call is not None and call.name == "get_weather"
+        args = call.parsed_arguments()
+        jsonschema.validate(args, WEATHER_SCHEMA)
+        assert args["city"] in spoken_spans(question), args
+        assert args["unit"] in ("celsius", "fahrenheit")
+        th.rollback("a", ckpt)
+    th.spoken_arguments = False
+    _, call, _ = tool_reply(th, "a", ToolChoice("required"))
+    assert call is not None
+    jsonschema.validate(call.parsed_arguments(), WEATHER_SCHEMA)
+
+
+def test_the_tool_router_decides_auto_before_the_first_token(th: ThinkerBackend, tiny: LoadedModel) -> None:
+    """With a tool router (tool_router.py) an ``auto`` reply calls the routed tool (the named function: nothing said,
+    arguments valid) when the score is above the threshold, and is words that never open a call below it; right
+    after a tool's result it is words whatever the score; another choice than ``auto`` is the reply's own."""
+    from engine_bridge.thinker.tool_router import ToolRouter
+
+    th.tool_router = ToolRouter(tiny.model, tiny.tokenizer, threshold=-2.0)  # every score is above: a call
+    th.open("a", "Be brief.", tools=[WEATHER, CLOCK])
+    th.append("a", "user", "What is the weather like in Paris today?")
+    said, call, _ = tool_reply(th, "a", None)
+    route = th.tool_route("a")
+    assert said == "" and call is not None and route is not None and call.name == route.tool
+    jsonschema.validate(
+        call.parsed_arguments(), WEATHER_SCHEMA if call.name == "get_weather" else CLOCK.parameters
+    )
+    th.append("a", "tool", '{"temperature": 21}')
+    _, call, ckpt = tool_reply(th, "a", None)  # after the result: words
+    assert call is None and "<tool_call>" not in th.decode(list(th.log("a").tokens[ckpt:]))
+    th.append("a", "user", "And in Rome?")
+    th.tool_router.threshold = 2.0  # no score is above: words
+    _, call, ckpt = tool_reply(th, "a", None)
+    assert call is None and "<tool_call>" not in th.decode(list(th.log("a").tokens[ckpt:]))
+    _, call, _ = tool_reply(th, "a", ToolChoice("function", "get_time"))
+    assert call is not None and call.name == "get_time"
+
+
 def test_the_call_and_its_result_stay_in_the_kv(th: ThinkerBackend, make: Factory) -> None:
     """The call is the assistant segment as generated, the result the template's tool message, each appended
     like any turn: the result prefills only its own tokens, and the log equals a fresh session's on it. A
@@ -1029,10 +1121,13 @@ def test_the_call_and_its_result_stay_in_the_kv(th: ThinkerBackend, make: Factor
     assert call is not None
     snap = th.log("a")
     assert snap.segments[-1].role == "assistant" and "<tool_call>" in snap.segments[-1].text
-    res = th.append("a", "tool", '{"temperature": 21, "sky": "clear"}')
+    result = '{"temperature": 21, "sky": "clear"}'
+    res = th.append("a", "tool", result)
     assert res.prefill_tokens == res.new_tokens and th.stats("a").resident_kv_tokens == len(th.log("a"))
     text = th.decode(list(th.log("a").tokens[snap.segments[-1].end :]))
-    assert "<tool_response>" in text and "clear" in text
+    # The result as the tool format writes it (SmolLM2's: "Tool result: temperature: 21; sky: clear" and a cue).
+    fmt = th.tool_format
+    assert fmt.result_prefix + fmt.result_text(result) + fmt.result_suffix in text and "clear" in text
     words = dataclasses.replace(TOOL_GREEDY, tool_choice=ToolChoice("none"))
     other = make()
     other.open("b", log=th.log("a"), tools=[WEATHER])

@@ -82,7 +82,10 @@ class ScriptedTranscriber(Transcriber):
         self.calls: list[tuple[str | None, bool, int | None]] = []
 
     def _run(
-        self, pcm: npt.NDArray[np.int16], decoding: Decoding = DEFAULT_DECODING
+        self,
+        pcm: npt.NDArray[np.int16],
+        decoding: Decoding = DEFAULT_DECODING,
+        window_frames: int | None = None,
     ) -> tuple[str, tuple[Word, ...], bool]:
         self.calls.append((decoding.prompt, decoding.word_times, decoding.max_tokens))
         return (self.texts.pop(0) if self.texts else ""), (), False
@@ -1204,10 +1207,10 @@ def test_a_question_with_a_pause_is_one_turn_transcribed_whole_and_answered_once
     real_run = transcriber._run
 
     def run(
-        pcm: npt.NDArray[np.int16], decoding: Decoding = DEFAULT_DECODING
+        pcm: npt.NDArray[np.int16], decoding: Decoding = DEFAULT_DECODING, window_frames: int | None = None
     ) -> tuple[str, tuple[Word, ...], bool]:
         heard.append(pcm.shape[0] * 1000 // ENGINE_INPUT_RATE)
-        return real_run(pcm, decoding)
+        return real_run(pcm, decoding, window_frames)
 
     transcriber._run = run  # type: ignore[method-assign]
     posted: list[object] = []

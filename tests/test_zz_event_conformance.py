@@ -11,7 +11,9 @@ tests ran before it. A log that still holds nothing after that fails: nothing wa
 Live frames: a JSON object whose ``type`` is a member of the SDK's ``openai.types.live.ServerEvent`` union, valid
 against that member's pydantic model in strict mode (wrong field types and missing required fields fail),
 decodable by the server's own types (livekit_omni.live.wire), plus the protocol rules the models cannot express
-(unique event ids, transcript timing, audio that is base64 of whole samples).
+(unique event ids, transcript timing, audio that is base64 of whole samples). The Responses events that
+``response.event`` nests (delegation: tests/test_live_tools.py sends them) are checked against the SDK's
+``ResponseStreamEvent`` union, strictly, and each belongs to a delegation announced before it.
 
 Realtime frames: the same against ``openai.types.realtime.RealtimeServerEvent`` (the member by its ``type``, and the
 discriminated union itself, both strict: tests/realtime_checks.py), decodable by the server's own server-event
@@ -38,7 +40,8 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 from openai.types.live import ServerEvent
-from pydantic import BaseModel, ValidationError
+from openai.types.responses import ResponseStreamEvent
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from livekit_omni.live import wire as live_wire
 from livekit_omni.realtime import wire as realtime_wire
@@ -68,6 +71,8 @@ def _live_models_by_type() -> dict[str, type[BaseModel]]:
 
 
 LIVE_MODELS = _live_models_by_type()
+#: What a Live ``response.event`` nests: a member of the SDK's Responses streaming-event union.
+RESPONSES_STREAM: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 _realtime_decoder = msgspec.json.Decoder(realtime_wire.ServerEvent)
 
 
@@ -86,7 +91,7 @@ def read_log(path: Path) -> Frames:
 
 #: Per dialect, the event types a log must hold for every check of this module to have something to check.
 NEEDED: dict[str, tuple[str, ...]] = {
-    "live": ("session.started", "session.output_audio.delta", "session.closed"),
+    "live": ("session.started", "session.output_audio.delta", "session.closed", "response.event"),
     "realtime": ("session.created", "response.output_audio.delta", "response.done"),
 }
 
@@ -118,17 +123,42 @@ async def at_real_time(chunks: Iterator[str], send: Callable[[str], Any]) -> Non
         await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.1 - time.monotonic()))
 
 
-async def live_traffic(server: ServerProcess) -> None:
-    """session.start, the question as audio at real time, the spoken answer, session.close."""
-    client = AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY)
-    async with client.live.connect() as conn:
-        await conn.session.start(
-            session={
-                "model": "gpt-live-1",
-                "instructions": INSTRUCTIONS,
-                "audio": {"format": {"type": "audio/pcm", "rate": RATE}},
+#: A responses delegation with one function tool under ``required``: the reply is a call, which the backend's stream
+#: carries in ``response.event`` envelopes.
+TOOL_DELEGATION: dict[str, Any] = {
+    "type": "responses",
+    "responses": {
+        "model": "gpt-5.6-luna",
+        "tools": [
+            {
+                "type": "function",
+                "name": "get_weather",
+                "description": "The weather in a city.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
             }
-        )
+        ],
+        "tool_choice": "required",
+    },
+}
+
+
+async def live_traffic(server: ServerProcess, delegation: dict[str, Any] | None = None) -> None:
+    """session.start, the question as audio at real time, the answer, session.close. Without ``delegation`` the
+    answer is spoken and over once no words came for 3 s; with it, over at the nested ``response.completed``."""
+    client = AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY)
+    session: dict[str, Any] = {
+        "model": "gpt-live-1",
+        "instructions": INSTRUCTIONS,
+        "audio": {"format": {"type": "audio/pcm", "rate": RATE}},
+    }
+    if delegation is not None:
+        session["delegation"] = delegation
+    async with client.live.connect() as conn:
+        await conn.session.start(session=session)
         types: list[str] = []
 
         async def until(pred: Callable[[dict[str, Any]], bool], timeout: float) -> None:
@@ -148,26 +178,33 @@ async def live_traffic(server: ServerProcess) -> None:
 
         mic = asyncio.create_task(at_real_time(b64_chunks(speech_then_silence(15.0)), speak))
         try:
-            await until(lambda ev: ev["type"] == "session.output_transcript.delta", 60)
-            # The answer is over when no words came for 3 s (the output audio never stops: silence is sent too).
-            last_words = time.monotonic()
-            deadline = last_words + 40
+            if delegation is not None:
+                await until(
+                    lambda ev: ev["type"] == "response.event" and ev["event"]["type"] == "response.completed",
+                    60,
+                )
+            else:
+                await until(lambda ev: ev["type"] == "session.output_transcript.delta", 60)
+                # The answer is over when no words came for 3 s (the output audio never stops: silence is sent too).
+                last_words = time.monotonic()
+                deadline = last_words + 40
 
-            def words_or_quiet(ev: dict[str, Any]) -> bool:
-                nonlocal last_words
-                now = time.monotonic()
-                if ev["type"] == "session.output_transcript.delta":
-                    last_words = now
-                return now - last_words > 3 or now > deadline
+                def words_or_quiet(ev: dict[str, Any]) -> bool:
+                    nonlocal last_words
+                    now = time.monotonic()
+                    if ev["type"] == "session.output_transcript.delta":
+                        last_words = now
+                    return now - last_words > 3 or now > deadline
 
-            await until(words_or_quiet, 45)
+                await until(words_or_quiet, 45)
         finally:
             mic.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await mic
         await conn.session.close()
         await until(lambda ev: ev["type"] == "session.closed", 15)
-    assert "session.output_audio.delta" in types, Counter(types)
+    needed = "response.event" if delegation is not None else "session.output_audio.delta"
+    assert needed in types, Counter(types)
 
 
 async def realtime_traffic(server: ServerProcess) -> None:
@@ -230,7 +267,13 @@ class OwnTraffic:
             self.server = start_server(
                 adapter="cascade", env={"LIVEKIT_OMNI_API_KEYS": json.dumps([API_KEY])}
             )
-        asyncio.run(live_traffic(self.server) if dialect == "live" else realtime_traffic(self.server))
+        if dialect == "live":
+            asyncio.run(live_traffic(self.server))
+            asyncio.run(
+                live_traffic(self.server, TOOL_DELEGATION)
+            )  # response.event: a reply that calls a tool
+        else:
+            asyncio.run(realtime_traffic(self.server))
 
     def stop(self) -> None:
         if self.server is not None:
@@ -376,6 +419,27 @@ def test_live_session_closed_is_terminal_and_carries_usage(live_events: list[dic
             )
             assert isinstance(ev["usage"]["seconds"], float)
             assert ev["session"]["status"] == "active"
+
+
+def test_live_response_events_nest_valid_responses_stream_events(live_events: list[dict[str, Any]]) -> None:
+    envelopes = [ev for ev in live_events if ev["type"] == "response.event"]
+    assert envelopes, "no response.event in the Live log, even after traffic of our own"
+    failures: list[str] = []
+    announced: set[str] = set()
+    for ev in live_events:
+        if ev["type"] == "session.delegation.created":
+            announced.add(ev["delegation"]["id"])
+        if ev["type"] != "response.event":
+            continue
+        try:
+            nested = RESPONSES_STREAM.validate_python(ev["event"], strict=True)
+            assert nested.type == ev["event"]["type"]
+        except (ValidationError, AssertionError) as e:
+            failures.append(f"{ev['event'].get('type')}: {str(e)[:300]} in {json.dumps(ev)[:300]}")
+        did = ev.get("delegation_id")
+        if did is not None and did not in announced:
+            failures.append(f"response.event of delegation {did!r} before its session.delegation.created")
+    assert not failures, f"{len(failures)} invalid response.event frames, e.g.:\n" + "\n".join(failures[:10])
 
 
 # --- the Realtime dialect -----------------------------------------------------------------------------------------

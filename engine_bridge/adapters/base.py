@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,8 @@ class AdapterCaps:
     #: A model that owns turn-taking may still take barge-in as a safety net; one that refuses it only has its
     #: output fenced on our side.
     barge_in: bool = True
+    #: Replies may call function tools (``SessionConfig.tools``), with arguments constrained to their schemas.
+    tools: bool = False
 
 
 class SessionRefused(Exception):
@@ -74,6 +76,14 @@ class ModelAdapter(ABC):
     def capabilities(self) -> dict[str, bool]:
         """The capabilities as data: what /health and ``session.started`` report."""
         return dataclasses.asdict(self.caps)
+
+    def check_tools(self, tools: Sequence[p.ToolDef], choice: p.ToolChoiceSpec) -> str | None:
+        """Why replies could not be constrained to these tools and this choice (None: they can). Called off the
+        scheduler thread before a session opens or updates with tools, so :meth:`open` and ``handle`` get only
+        tools they accept. Default: no function tools on this adapter."""
+        if tools or choice.mode in ("required", "function"):
+            return f"the {self.name!r} adapter does not run function tools"
+        return None
 
     @abstractmethod
     def open(self, session: DuplexSession) -> None:

@@ -110,6 +110,10 @@ class Decoding:
     prompt: str | None = None
     word_times: bool = True
     max_tokens: int | None = None
+    #: Whisper's whole 30 s encoder window whatever the transcriber's own (``fit``): slower, and more of the
+    #: names right (the fitted window hears "What is the weather like in Paris today?", said by the test voice, as
+    #: "... in pairs today?"; the whole window hears "Paris"). For turns whose words become a tool's arguments.
+    full_window: bool = False
 
 
 #: A caller's turn: word times measured, the transcriber's prompt and bound.
@@ -181,7 +185,9 @@ class Transcriber(ABC):
         with self._lock:
             t0 = time.perf_counter()
             focused, offset = self.focus(pcm)
-            text, words, measured = self._run(focused, decoding)
+            text, words, measured = self._run(
+                focused, decoding, _WHISPER_FRAMES if decoding.full_window else None
+            )
             elapsed = (time.perf_counter() - t0) * 1000.0
         if offset:
             # Word times stay relative to the audio the caller handed over.

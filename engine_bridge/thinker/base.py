@@ -35,7 +35,7 @@ from .errors import ThinkerStateError as ThinkerStateError
 from .errors import UnknownSessionError as UnknownSessionError
 
 if TYPE_CHECKING:
-    from .tools import ToolCall, ToolChoice, ToolSpec
+    from .tools import ToolCall, ToolCallFormat, ToolChoice, ToolSpec
 
 #: Roles a segment of the log can have. "system" is the instructions segment that opens every session;
 #: "developer" is engine-supplied context mid-conversation (rendered as a system turn by ChatML models); "tool" is
@@ -372,6 +372,17 @@ class ThinkerBackend(ABC):
     def session_tools(self, sid: str) -> tuple[ToolSpec, ...]:
         """The tools the session was opened with."""
 
+    @property
+    @abstractmethod
+    def tool_format(self) -> ToolCallFormat:
+        """The model's tool format: how its system segment lists tools, how it writes a call (a history message
+        that made a call is ``tool_format.render_call(call)``) and how a tool's result is wrapped."""
+
+    def tool_call_text(self, call: ToolCall) -> str:
+        """A call as the model's tool format writes it: the text an assistant message that made the call ends
+        with, when it is appended to a conversation (history, or a conversation rebuilt after a change)."""
+        return self.tool_format.render_call(call)
+
     @abstractmethod
     def append(
         self, sid: str, role: Role, text: str, *, epoch: int | None = None, prefill: bool = True
@@ -452,8 +463,11 @@ class ThinkerBackend(ABC):
     # Text requests (chat completions) size a session before opening it, to refuse a prompt that does not fit
     # instead of letting ``open`` trim it.
     @abstractmethod
-    def prompt_length(self, instructions: str | None, history: Sequence[Message]) -> int:
-        """Tokens ``open(sid, instructions, history)`` + ``begin_reply`` put before the first reply token."""
+    def prompt_length(
+        self, instructions: str | None, history: Sequence[Message], tools: Sequence[ToolSpec] = ()
+    ) -> int:
+        """Tokens ``open(sid, instructions, history, tools=tools)`` + ``begin_reply`` put before the first reply
+        token."""
 
     @abstractmethod
     def reply_footer_length(self) -> int:

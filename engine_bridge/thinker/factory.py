@@ -41,6 +41,22 @@ def spoken_examples(settings: EngineSettings) -> tuple[Message, ...]:
     return ()
 
 
+def spoken_arguments(settings: EngineSettings) -> bool:
+    """Whether forced calls take their free strings from the caller's words (``engine.thinker.spoken_arguments``)."""
+    mode = settings.thinker.spoken_arguments
+    return mode == "on" or (mode == "auto" and settings.thinker.model == "smollm2")
+
+
+def tool_router_threshold(settings: EngineSettings) -> float | None:
+    """The tool router's threshold when ``auto`` replies are routed (``engine.thinker.tool_router``), else None."""
+    from .tool_router import SMOLLM2_ROUTER_THRESHOLD
+
+    t = settings.thinker
+    if t.tool_router == "off" or (t.tool_router == "auto" and t.model != "smollm2"):
+        return None
+    return SMOLLM2_ROUTER_THRESHOLD if t.tool_router_threshold is None else t.tool_router_threshold
+
+
 def spoken_decoding(settings: EngineSettings) -> DecodingSettings:
     """How voice sessions' replies are decoded by default: ``max_reply_tokens`` and two sentences, a request
     for length ``long_reply_tokens`` and six (``prompting.asks_for_length``). With the example turns, their
@@ -91,6 +107,8 @@ def make_thinker(settings: EngineSettings) -> ThinkerBackend:
                 block_size=t.block_size,
                 cpu_kv_cache_gib=t.cpu_kv_cache_gib,
                 multiprocessing=None if t.engine_core == "auto" else t.engine_core == "own_process",
+                spoken_arguments=spoken_arguments(settings),
+                tool_router_threshold=tool_router_threshold(settings),
             )
         )
     from .torch_backend import TorchThinker, TorchThinkerConfig
@@ -109,5 +127,7 @@ def make_thinker(settings: EngineSettings) -> ThinkerBackend:
             system_prompt=system_prompt,
             decoding=decoding,
             cache_dir=cache_dir,
+            spoken_arguments=spoken_arguments(settings),
+            tool_router_threshold=tool_router_threshold(settings),
         )
     )

@@ -34,6 +34,7 @@ What to expect from SmolLM2-135M-Instruct (measured with :data:`DEFAULT_SYSTEM_P
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -123,6 +124,9 @@ TEMPLATE_ROLES: dict[str, str] = {
 _SENTENCE_END = (".", "!", "?", "…")
 #: Closing quotes and brackets after a full stop still belong to the sentence.
 _CLOSERS = "\"')]»”’"
+#: What markup is written with (``ChatFormat.markup_tokens``): brackets, braces, angle brackets, backticks.
+MARKUP_CHARS = "<>[]{}`"
+
 _CHATML = {
     "prefix": "<|im_start|>{role}\n",
     "suffix": "<|im_end|>\n",
@@ -189,6 +193,19 @@ class ChatFormat:
             if tok and (tok[0] in special or tok[0] == eos):
                 ids.add(tok[0])
         return frozenset(ids)
+
+    @functools.cached_property
+    def markup_tokens(self) -> frozenset[int]:
+        """The ordinary tokens that hold a bracket, a brace or a backtick: what markup (a call's ``<tool_call>[``,
+        JSON) is written with, and what no sentence said aloud needs. Special tokens (the stop tokens) are not
+        among them."""
+        special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
+        pieces = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
+        return frozenset(
+            i
+            for i, piece in enumerate(pieces)
+            if i not in special and piece is not None and any(c in piece for c in MARKUP_CHARS)
+        )
 
     # ---------------------------------------------------------------- encoding
     def _template_tokens(self, text: str) -> list[int]:

@@ -21,6 +21,9 @@ from transformers import PreTrainedTokenizerBase
 
 from .tools import ToolCallFormat, ToolChoice, ToolSchemaError, ToolSpec, grammar_spec
 
+#: xgrammar's cache of compiled grammars (least recently used go first), as vLLM bounds its own.
+_CACHE_LIMIT_BYTES = 64 << 20
+
 
 class ToolGrammars:
     """A compiler for one tokenizer (and logits width), with xgrammar's cache of compiled grammars."""
@@ -29,7 +32,10 @@ class ToolGrammars:
         self.vocab_size = vocab_size
         self.stop_ids = sorted(stop_ids)
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True)
+        # Bounded: a forced call with spoken arguments compiles a grammar of the caller's own words each time.
+        self._compiler = xgr.GrammarCompiler(
+            info, max_threads=1, cache_enabled=True, cache_limit_bytes=_CACHE_LIMIT_BYTES
+        )
 
     def compile(self, spec: str, what: str = "the tools") -> xgr.CompiledGrammar:
         try:

@@ -166,7 +166,8 @@ class ToolCallFormat:
     the chat-completions shape (``tools_as_list``: one JSON list; else one JSON object per line). A call is
     ``call_begin + {"name": "<name>", "arguments": <arguments>} + call_end``; ``trigger`` (a prefix of
     ``call_begin``) is where free text turns into a call. A tool's result is a message of ``result_role`` whose
-    content is ``result_prefix + result + result_suffix``."""
+    content is ``result_prefix + result_text(result) + result_suffix``: with ``plain_results`` a JSON object result
+    is written as ``key: value; ...`` first (:meth:`result_text`)."""
 
     name: str
     system_block: str
@@ -177,10 +178,29 @@ class ToolCallFormat:
     result_role: Literal["user"] = "user"
     result_prefix: str = "<tool_response>\n"
     result_suffix: str = "\n</tool_response>"
+    plain_results: bool = False
 
     def __post_init__(self) -> None:
         if not self.call_begin.startswith(self.trigger) or "{tools}" not in self.system_block:
             raise ValueError(f"tool format {self.name!r}: call_begin must start with the trigger")
+
+    def result_text(self, result: str) -> str:
+        """A tool's result as the model reads it: as given, or with ``plain_results`` a JSON object as ``key:
+        value; ...`` (keys' underscores as spaces; other values as compact JSON), which a small model says back
+        where it would read JSON out loud."""
+        if not self.plain_results:
+            return result
+        try:
+            obj = json.loads(result)
+        except ValueError:
+            return result
+        if not isinstance(obj, dict):
+            return result
+        parts = []
+        for key, value in obj.items():
+            shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            parts.append(f"{str(key).replace('_', ' ')}: {shown}")
+        return "; ".join(parts)
 
     def render_tools(self, tools: Sequence[ToolSpec]) -> str:
         """The text the system message ends with ("" without tools)."""
@@ -258,6 +278,13 @@ TOOL_FORMATS: dict[str, ToolCallFormat] = {
         trigger="<tool_call>",
         call_begin="<tool_call>[\n",
         call_end="\n]</tool_call>",
+        # SmolLM2's card shows no tool result. Wrapped in <tool_response> tags, SmolLM2-135M read them back or
+        # talked about them ("That's a great example of how to use the tool_response function."); told what it
+        # is, and with JSON as plain "key: value" text, it says the result ("The weather in Paris is sunny."):
+        # docs/speech-stack.md, Tool calls.
+        result_prefix="Tool result: ",
+        result_suffix="\nTell me the result.",
+        plain_results=True,
     ),
 }
 
@@ -282,13 +309,58 @@ def tool_format(name: str, chat_template: str | None) -> ToolCallFormat:
         ) from None
 
 
+# ------------------------------------------------------------------------------------------- spoken values
+#: Punctuation a spoken span does not start or end with ("Paris," -> "Paris", "4417?" -> "4417").
+_SPAN_EDGES = ".,;:!?\"'()[]{}<>«»“”‘’…-"
+
+
+def spoken_spans(text: str, max_words: int = 6) -> list[str]:
+    """Every run of up to ``max_words`` consecutive words of ``text``, without the punctuation at its ends, in
+    order of first appearance: the values a caller's message can give an argument ("Paris", "order 4417",
+    "December 12th", "New Year's Eve")."""
+    words = text.split()
+    out: dict[str, None] = {}
+    for i in range(len(words)):
+        for j in range(i + 1, min(len(words), i + max_words) + 1):
+            span = " ".join(words[i:j]).strip(_SPAN_EDGES)
+            if span:
+                out.setdefault(span, None)
+    return list(out)
+
+
+def spoken_schema(schema: Mapping[str, Any], spans: Sequence[str]) -> dict[str, Any]:
+    """``schema`` with every free string (a string schema with no ``enum``, ``const``, ``pattern`` or ``format``:
+    in object properties, array items, at any depth) made one of ``spans``. Strings the schema already
+    constrains, and every other type, are left as they are."""
+    out = dict(schema)
+    if spans and out.get("type") == "string" and not {"enum", "const", "pattern", "format"} & out.keys():
+        low, high = int(out.get("minLength", 0)), out.get("maxLength")
+        fits = [s for s in spans if len(s) >= low and (high is None or len(s) <= int(high))]
+        if fits:
+            out["enum"] = fits
+        return out
+    props = out.get("properties")
+    if isinstance(props, Mapping):
+        out["properties"] = {
+            k: spoken_schema(v, spans) if isinstance(v, Mapping) else v for k, v in props.items()
+        }
+    items = out.get("items")
+    if isinstance(items, Mapping):
+        out["items"] = spoken_schema(items, spans)
+    return out
+
+
 # ------------------------------------------------------------------------------------------- the grammar
-def grammar_spec(fmt: ToolCallFormat, tools: Sequence[ToolSpec], choice: ToolChoice) -> str | None:
+def grammar_spec(
+    fmt: ToolCallFormat, tools: Sequence[ToolSpec], choice: ToolChoice, *, spoken: str | None = None
+) -> str | None:
     """The reply's grammar as an xgrammar structural tag (JSON text), or None when a reply is unconstrained (no
-    tools). See the module docstring for what each choice allows."""
+    tools). See the module docstring for what each choice allows. ``spoken``: the caller's message a call's free
+    strings must be taken from (:func:`spoken_schema`; ``LogBackedThinker.spoken_arguments``)."""
     if not tools:
         return None
     choice.check(tools)
+    spans = spoken_spans(spoken) if spoken else []
     if choice.mode == "none":
         return json.dumps(
             {"type": "structural_tag", "format": {"type": "any_text", "excludes": [fmt.trigger]}}
@@ -299,7 +371,11 @@ def grammar_spec(fmt: ToolCallFormat, tools: Sequence[ToolSpec], choice: ToolCho
             "type": "tag",
             "begin": fmt.call_head(t.name),
             # At most one whitespace character in a row: compact JSON as models write it, and no run of blanks.
-            "content": {"type": "json_schema", "json_schema": dict(t.parameters), "max_whitespace_cnt": 1},
+            "content": {
+                "type": "json_schema",
+                "json_schema": spoken_schema(t.parameters, spans) if spans else dict(t.parameters),
+                "max_whitespace_cnt": 1,
+            },
             "end": fmt.call_tail,
         }
         for t in chosen
@@ -328,6 +404,8 @@ class ToolReplyState:
     spoken: str = ""
     #: Generated tokens when the call opened (None: no call yet).
     call_token_start: int | None = None
+    #: The call's free strings are runs of the caller's words (``grammar_spec(spoken=...)``).
+    arguments_from_words: bool = False
 
     @property
     def in_call(self) -> bool:

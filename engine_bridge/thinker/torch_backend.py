@@ -145,6 +145,12 @@ class TorchThinkerConfig:
     #: Long prefills (session restore, rebuild after a trim) run in chunks of this many tokens to bound the
     #: attention matrix's memory.
     prefill_chunk_tokens: int = 512
+    #: A forced call's free strings are runs of the caller's latest words (``LogBackedThinker.spoken_arguments``;
+    #: the factory sets it for the built-in SmolLM2: ``engine.thinker.spoken_arguments``).
+    spoken_arguments: bool = False
+    #: Decide ``tool_choice="auto"`` replies with the tool router at this threshold (tool_router.py); None: the
+    #: model decides as it decodes. The factory sets it for the built-in SmolLM2 (``engine.thinker.tool_router``).
+    tool_router_threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.threads < 1 or self.max_sessions < 1 or self.prefill_chunk_tokens < 1:
@@ -377,6 +383,12 @@ class TorchThinker(LogBackedThinker[_Session]):
         # Any real token id works for padding: pad columns are masked and never read.
         self._pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
         self.policy = ReplyPolicy(self.fmt)
+        self.spoken_arguments = cfg.spoken_arguments
+        if cfg.tool_router_threshold is not None:
+            from .tool_router import ToolRouter
+
+            self.tool_router = ToolRouter(self.model, self.tokenizer, cfg.tool_router_threshold)
+            self.fmt.markup_tokens  # noqa: B018 - built here, not on the scheduler thread at the first words reply
         self._stop_ids = self.fmt.stop_token_ids
         #: Most tokens one row may feed in a batched step: the assistant header of a reply that just began.
         self._max_batch_query = len(self.fmt.reply_header)
@@ -482,7 +494,7 @@ class TorchThinker(LogBackedThinker[_Session]):
             len(sess.log),
             dec,
             time.perf_counter(),
-            banned=self._banned_tokens(sess, dec),
+            banned=self._banned_tokens(sess, dec, tool),
             tool=tool,
             generator=gen,
             matcher=matcher,
@@ -559,10 +571,11 @@ class TorchThinker(LogBackedThinker[_Session]):
             x[self._stop_tensor] = float("-inf")
         if reply.banned:
             x[list(reply.banned)] = float("-inf")
-        if dec.repetition_penalty != 1.0 and reply.generated:
+        penalty = reply.repetition_penalty
+        if penalty != 1.0 and reply.generated:
             ids = torch.tensor(sorted(set(reply.generated)), dtype=torch.long, device=self.device)
             seen = x[ids]
-            x[ids] = torch.where(seen > 0, seen / dec.repetition_penalty, seen * dec.repetition_penalty)
+            x[ids] = torch.where(seen > 0, seen / penalty, seen * penalty)
         if reply.matcher is not None:
             reply.matcher.mask(x)
             tok = self._pick(x, reply)

@@ -55,6 +55,7 @@ from .tools import (
 
 if TYPE_CHECKING:
     from .tool_grammar import ToolGrammars
+    from .tool_router import Route, ToolRouter
 
 log = logging.getLogger(__name__)
 
@@ -141,13 +142,26 @@ def fit_message(
     return EncodedMessage(enc.prefix, content, enc.suffix), fmt.decode(content)
 
 
+def _latest(segments: Sequence[Segment], *roles: str) -> Segment | None:
+    """The latest segment before the open reply whose role is one of ``roles`` (any but the assistant's when none
+    is named)."""
+    for seg in reversed(segments):
+        if (seg.role in roles) if roles else seg.role != "assistant":
+            return seg
+    return None
+
+
 def _latest_request(segments: Sequence[Segment]) -> str:
     """The text of the latest message before the open reply that is not the assistant's (the caller's words,
     engine context or a commentary to speak), or "" when there is none."""
-    for seg in reversed(segments):
-        if seg.role != "assistant":
-            return seg.text
-    return ""
+    seg = _latest(segments)
+    return "" if seg is None else seg.text
+
+
+def _latest_user_words(segments: Sequence[Segment]) -> str:
+    """The text of the caller's latest message (the latest user segment), or "" when there is none."""
+    seg = _latest(segments, "user")
+    return "" if seg is None else seg.text
 
 
 def _parts(enc: EncodedMessage) -> tuple[list[int], list[int], list[int]]:
@@ -182,6 +196,17 @@ class ReplyProgress:
     #: Whether the message it answers asks for length (``prompting.asks_for_length``); read from the log at the
     #: first token when the decoding has a ``long_max_sentences``.
     asked_length: bool | None = None
+
+    @property
+    def repetition_penalty(self) -> float:
+        """The penalty this reply decodes with: none for a call whose free strings are the caller's words. Its JSON
+        repeats quotes and colons by its grammar, and SmolLM2-135M, penalised for them, wrote "," or ");" for a
+        city; a call with free strings of its own keeps the penalty, which stops a greedy model repeating itself
+        inside a string until the call's budget runs out."""
+        tool = self.tool
+        if tool is not None and tool.arguments_from_words and tool.choice.mode in ("required", "function"):
+            return 1.0
+        return self.decoding.repetition_penalty
 
 
 class ReplyPolicy:
@@ -222,15 +247,18 @@ class ReplyPolicy:
         log.extend_open_content([tok])
         text = self.next_text(reply)
         limit = dec.max_tokens
+        calling = False
         if tool is not None:
             # The call's text is never said: only what comes before the trigger (tools.ToolReplyState).
             text = tool.speakable(reply.text, len(reply.generated))
             if tool.call_token_start is not None:
                 limit = tool.call_token_start + dec.max_call_tokens
+                calling = True
         if len(reply.generated) >= limit:
             return self.finish(reply, tok, "length", text)
         if (
             not reply.asked_length
+            and not calling  # a call has its own budget (max_call_tokens), not the spoken-length rule
             and dec.brief_max_tokens is not None
             and len(reply.generated) >= dec.brief_max_tokens
         ):
@@ -351,6 +379,8 @@ class SessionRecord:
     trims: int = 0
     #: The tools the session's system segment lists (``open(..., tools=...)``).
     tools: tuple[ToolSpec, ...] = ()
+    #: The tool router's decision for the session's latest routed reply (None: none yet).
+    tool_route: Route | None = None
 
 
 S = TypeVar("S", bound=SessionRecord)
@@ -410,7 +440,7 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
         return opening_log(
             self.fmt,
             instructions,
-            history,
+            [self._as_model_reads(m) for m in history or ()],
             system_prompt=self.system_prompt,
             limit=self.max_context_tokens,
             reply_reserve=self._reply_reserve(decoding),
@@ -421,6 +451,19 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
     # ------------------------------------------------------------------ tools
     #: ``auto`` (from the chat template) or a name of ``tools.TOOL_FORMATS``.
     tool_format_name: str = "auto"
+    #: A forced call's free strings (``required`` or a named function) are runs of the caller's latest words
+    #: (``tools.spoken_schema``): for a small model that, made to call, writes values nobody said.
+    spoken_arguments: bool = False
+    #: Decides ``auto`` replies before their first token from the thinker's own embeddings (``tool_router.py``);
+    #: None: the model decides as it decodes.
+    tool_router: ToolRouter | None = None
+
+    def _as_model_reads(self, msg: Message) -> Message:
+        """``msg`` as it goes into the log: a tool's result is written as the tool format reads it (one place, so
+        ``open``, ``append`` and ``prompt_length`` agree)."""
+        if msg.role != "tool":
+            return msg
+        return Message("tool", self.tool_format.result_text(msg.text))
 
     @cached_property
     def tool_format(self) -> ToolCallFormat:
@@ -454,8 +497,29 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
         if not sess.tools:
             return None, None
         choice = dec.tool_choice or ToolChoice()
-        spec = grammar_spec(self.tool_format, sess.tools, choice)
-        return ToolReplyState(self.tool_format, choice), spec
+        if self.tool_router is not None and choice.mode == "auto":
+            choice = self._route(sess)
+        spoken = None
+        if self.spoken_arguments and choice.mode in ("required", "function"):
+            spoken = _latest_user_words(sess.log.segments)
+        spec = grammar_spec(self.tool_format, sess.tools, choice, spoken=spoken)
+        state = ToolReplyState(self.tool_format, choice, arguments_from_words=bool(spoken and spoken.strip()))
+        return state, spec
+
+    def _route(self, sess: S) -> ToolChoice:
+        """The tool router's choice for an ``auto`` reply: the tool the caller's latest words ask for, or words. Right
+        after a tool's result the reply is words (the result is what it speaks about)."""
+        assert self.tool_router is not None
+        latest = _latest(sess.log.segments)
+        if latest is not None and latest.role == "tool":
+            return ToolChoice("none")
+        route = sess.tool_route = self.tool_router.route(_latest_user_words(sess.log.segments), sess.tools)
+        log.debug("session %s: tool router %.3f -> %s", sess.sid, route.score, route.tool)
+        return ToolChoice("none") if route.tool is None else ToolChoice("function", route.tool)
+
+    def tool_route(self, sid: str) -> Route | None:
+        """The tool router's decision for the session's latest routed reply (None: none yet)."""
+        return self._get(sid).tool_route
 
     def _reply_need(self, sess: S, dec: DecodingSettings) -> int:
         """Tokens a reply may add to the log: header, words, a call when the session has tools, footer."""
@@ -491,9 +555,7 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
             raise ThinkerStateError(f"session {sess.sid!r} is generating a reply; end_reply() first")
         if role not in APPEND_ROLES:
             raise ValueError(f"append() role must be one of {sorted(APPEND_ROLES)}, not {role!r}")
-        if role == "tool":
-            _ = self.tool_format  # the chat format learns the tool result's wrapper
-        text = text.strip()
+        text = self._as_model_reads(Message(role, text)).text.strip()
         enc = self.fmt.encode_message(role, text)
         reserve = self._reply_reserve(sess.decoding)
         trimmed = self._trim(sess, len(enc.tokens) + reserve)
@@ -526,12 +588,20 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
             deferred=deferred,
         )
 
-    def _banned_tokens(self, sess: S, dec: DecodingSettings) -> tuple[int, ...]:
+    def _banned_tokens(
+        self, sess: S, dec: DecodingSettings, tool: ToolReplyState | None = None
+    ) -> tuple[int, ...]:
         """The first tokens of the ``unprompted_words`` that no message of the conversation's own (any role but
         the assistant's) has said yet. The example turns are not messages of the log (they are the tail of the
         system segment's template tokens, not its text), so an example's name counts as said only once the
-        caller, the instructions or engine context say it."""
+        caller, the instructions or engine context say it.
+
+        With the tool router (the built-in model), a reply of a tools session that is to be words has no markup
+        tokens either: after a tool's result SmolLM2-135M imitated the call format instead of saying the result
+        (``<tool_call-1>[{"name": "booked", ...`` for a booking, ``<too_cabl>[...`` for an order's status)."""
         banned: set[int] = set()
+        if self.tool_router is not None and tool is not None and tool.choice.mode == "none":
+            banned |= self.fmt.markup_tokens
         for word in dec.unprompted_words:
             said = re.compile(rf"\b{re.escape(word)}\b", re.IGNORECASE)
             if not any(said.search(seg.text) for seg in sess.log.segments if seg.role != "assistant"):
@@ -594,10 +664,14 @@ class LogBackedThinker(ThinkerBackend, Generic[S]):
             memory_bytes=memory,
         )
 
-    def prompt_length(self, instructions: str | None, history: Sequence[Message]) -> int:
-        system = (instructions or "").strip() or self.system_prompt
+    def prompt_length(
+        self, instructions: str | None, history: Sequence[Message], tools: Sequence[ToolSpec] = ()
+    ) -> int:
+        # As opening_log builds it; the tool format is read first, since it teaches the chat format the tool role.
+        tools_text = self.tool_format.render_tools(tools)
+        system = ((instructions or "").strip() or self.system_prompt) + tools_text
         n = len(self.fmt.encode_message("system", system).tokens)
-        for msg in history:
+        for msg in map(self._as_model_reads, history):
             n += len(self.fmt.encode_message(msg.role, msg.text.strip()).tokens)
         return n + len(self.fmt.reply_header)
 

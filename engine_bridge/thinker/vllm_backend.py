@@ -123,6 +123,11 @@ class VllmThinkerConfig:
     #: Engine-wide request slots; parked sessions hold one each (None: ``max_sessions`` + 8 for re-opens).
     max_num_seqs: int | None = None
     seed: int = 0
+    #: A forced call's free strings are runs of the caller's latest words (``LogBackedThinker.spoken_arguments``).
+    spoken_arguments: bool = False
+    #: Decide ``tool_choice="auto"`` replies with the tool router at this threshold (tool_router.py); None: the
+    #: model decides as it decodes. The factory sets it for the built-in SmolLM2 (``engine.thinker.tool_router``).
+    tool_router_threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_context_tokens < 64 or self.tensor_parallel_size < 1:
@@ -504,6 +509,16 @@ class VllmThinker(LogBackedThinker[_Session]):
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.engine.model_dir), local_files_only=True)
         self.fmt = ChatFormat.from_tokenizer(self.tokenizer)
         self.policy = ReplyPolicy(self.fmt)
+        self.spoken_arguments = cfg.spoken_arguments
+        if cfg.tool_router_threshold is not None:
+            # vLLM gives no hidden states of a generating request: the router embeds with a transformers copy of
+            # the weights (135M parameters for the built-in model).
+            from .model_store import load_model
+            from .tool_router import ToolRouter
+
+            copy = load_model(cfg.model, cache_dir=cfg.cache_dir)
+            self.tool_router = ToolRouter(copy.model.eval(), copy.tokenizer, cfg.tool_router_threshold)
+            self.fmt.markup_tokens  # noqa: B018 - built here, not on the scheduler thread at the first words reply
         self._uid = next(_instance_ids)
         self.caps = ThinkerCaps(
             resident_kv=True,
@@ -610,7 +625,7 @@ class VllmThinker(LogBackedThinker[_Session]):
             len(sess.log),
             dec,
             time.perf_counter(),
-            banned=self._banned_tokens(sess, dec),
+            banned=self._banned_tokens(sess, dec, tool),
             tool=tool,
             grammar=grammar,
         )
@@ -704,7 +719,9 @@ class VllmThinker(LogBackedThinker[_Session]):
             temperature=dec.temperature,
             top_p=dec.top_p,
             # Not vLLM's repetition_penalty, which counts the whole conversation (the prompt) too.
-            extra_args={REPLY_PENALTY_KEY: dec.repetition_penalty} if dec.repetition_penalty != 1.0 else None,
+            extra_args={REPLY_PENALTY_KEY: reply.repetition_penalty}
+            if reply.repetition_penalty != 1.0
+            else None,
             # The unprompted words' tokens (the torch backend sets them to -inf as well; -inf + x stays -inf).
             logit_bias=dict.fromkeys(reply.banned, float("-inf")) or None,
             seed=dec.seed,

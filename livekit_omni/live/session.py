@@ -5,7 +5,9 @@ media plane (``media``) converts audio and paces output; the session core (:mod:
 lifecycle, the way in and out, housekeeping and the end. This class is the Live dialect on that core: it decodes
 Live commands and carries them out (``AppendText``, ``SetMute``, ``Interrupt``, fixtures), projects engine events
 onto Live events (transcripts, usage, ``session.closed``), chunks output audio into deltas, and keeps what only
-Live has: ``session.start``, resume after a dropped connection, and the per-turn latency clock.
+Live has: ``session.start``, resume after a dropped connection, the per-turn latency clock, and delegation (a
+reply that ends in a function call is a delegation to the Responses backend, which is the engine's own thinker, or
+to the application: livekit_omni.live.delegation).
 
 Who runs what (all on the event loop, never blocking it):
 
@@ -29,15 +31,18 @@ import msgspec
 import numpy as np
 
 from engine_bridge import protocol as p
+from engine_bridge.control import EngineRequestError
 from engine_bridge.formats import ENGINE_INPUT_RATE, ENGINE_OUTPUT_RATE, FRAME_MS
+from livekit_omni.live import delegation as dg
 from livekit_omni.live import wire
 from livekit_omni.live.fixtures import FixtureOverlay
 from livekit_omni.live.turn_latency import TurnLatencyClock
 from livekit_omni.sessions.base import ENGINE_REQUEST_TIMEOUT_S, DialectSession
-from livekit_omni.sessions.errors import WireError
+from livekit_omni.sessions.errors import INVALID_REQUEST, WireError
 from livekit_omni.sessions.hub import TRY_AGAIN_CODES, SessionHub
 from livekit_omni.sessions.resume import TRANSPORT_MISMATCH, DetachedTransport
 from livekit_omni.sessions.state import SessionState
+from livekit_omni.sessions.tools import engine_refusal
 from livekit_omni.sessions.transport import (
     CLOSE_INTERNAL,
     CLOSE_NORMAL,
@@ -106,6 +111,19 @@ class LiveSession(DialectSession[wire.ClientCommand, wire.ServerEvent]):
         self._grace_task: asyncio.Task[None] | None = None
         #: A connection's first session: set when its ``session.resume`` took over an existing session instead.
         self.successor: LiveSession | None = None
+        # Delegation (livekit_omni.live.delegation): the engine session's tools as the delegation gave them, the
+        # non-fatal refusals of the start (sent after session.started), the backend's calls by call id, the
+        # delegation of the newest output since the last continuation, the continuation under way, and the client
+        # delegations (id -> the engine call that is still open until the application first answers).
+        self.engine_tools = dg.EngineTools()
+        self._start_warnings: list[WireError] = []
+        self._backend_calls: dict[str, dg.BackendCall] = {}
+        self._answered_delegation: str | None = None
+        self._continuation: dg.BackendResponse | None = None
+        self._client_delegations: dict[str, str | None] = {}
+        #: WebRTC data channels (``client.data_channel``): the nested Responses events ``response.event`` may carry
+        #: (None: all).
+        self.allowed_response_events: frozenset[str] | None = None
 
     # --- the dialect's wire --------------------------------------------------------------------------------
     def slim(self, ev: wire.ServerEvent) -> wire.ServerEvent | None:
@@ -165,8 +183,12 @@ class LiveSession(DialectSession[wire.ClientCommand, wire.ServerEvent]):
                 assert self.config is not None
                 delegation = wire.check_update(cmd.session, self.config.delegation)
                 if delegation is not None:
-                    self.config.delegation = delegation
+                    await self._apply_delegation(delegation, cid)
                 self.emit(wire.SessionUpdated(client_event_id=cid, session=self.resource()))
+            case wire.ResponseItemCreate():
+                await self._on_response_item(cmd)
+            case wire.ResponseCreate():
+                await self._on_response_create(cmd)
             case wire.SessionClose():
                 await self.close_as("close_requested", code=CLOSE_NORMAL, client_event_id=cid)
             case _:
@@ -202,24 +224,42 @@ class LiveSession(DialectSession[wire.ClientCommand, wire.ServerEvent]):
             await self.open_or_raise(cfg)
         except WireError as e:
             self.emit_error(e, client_event_id)
-            await self.end(
-                code=CLOSE_TRY_AGAIN if e.code in TRY_AGAIN_CODES else CLOSE_INTERNAL,
-                reason=e.code,
-                notify=False,
-            )
+            if e.code in TRY_AGAIN_CODES:
+                code = CLOSE_TRY_AGAIN
+            elif e.type == INVALID_REQUEST:
+                code = CLOSE_POLICY  # a configuration the engine cannot serve (tools it refused)
+            else:
+                code = CLOSE_INTERNAL
+            await self.end(code=code, reason=e.code, notify=False)
             return False
         return True
 
     async def open_or_raise(self, cfg: wire.ResolvedConfig) -> None:
-        """Open the engine session; raises WireError (``session_limit_reached``, ``engine_unavailable``, …)."""
+        """Open the engine session; raises WireError (``session_limit_reached``, ``engine_unavailable``, tools the
+        engine refuses: ``invalid_value``, …)."""
         self.config = cfg
-        await self.open_engine(
-            p.SessionConfig(
-                instructions=cfg.instructions,
-                history=[p.ChatTurn(role=r, text=t) for r, t in cfg.history],  # type: ignore[arg-type]
-                voice=cfg.voice_name,
+        tools = self._delegation_tools(cfg.delegation)
+        if tools.refused is not None:
+            self._start_warnings.append(tools.refused)
+        try:
+            await self.open_engine(
+                p.SessionConfig(
+                    instructions=dg.engine_instructions(cfg.instructions, cfg.delegation),
+                    history=[p.ChatTurn(role=r, text=t) for r, t in cfg.history],  # type: ignore[arg-type]
+                    voice=cfg.voice_name,
+                    tools=tools.tools,
+                    tool_choice=tools.choice,
+                    acknowledgement_delay_ms=cfg.delegation.acknowledgement_delay_ms or 0,
+                )
             )
-        )
+        except WireError as e:
+            cause = e.__cause__
+            if isinstance(cause, EngineRequestError):
+                refusal = engine_refusal(cause, self._tools_param(cfg.delegation))
+                if refusal is not None:
+                    raise refusal from cause
+            raise
+        self.engine_tools = tools
 
     def announce(self, *, client_event_id: str | None = None) -> None:
         """Send ``session.started`` and start the session's clocks (after the engine session is open)."""
@@ -247,6 +287,9 @@ class LiveSession(DialectSession[wire.ClientCommand, wire.ServerEvent]):
                     message="this server does not store sessions (no fork or recording download); store is ignored",
                 )
             )
+        for warning in self._start_warnings:  # tools left out of the session: it goes on without them
+            self.emit_error(warning, client_event_id)
+        self._start_warnings.clear()
         if self.transport.carries_audio and self.output is not None:
             self.hub.start_ticking(self)
 
@@ -442,21 +485,263 @@ class LiveSession(DialectSession[wire.ClientCommand, wire.ServerEvent]):
         kind, ack = wire.APPEND_KINDS[type(cmd)]
         if self._fixture_playing:
             raise WireError("fixture_active", "appends are refused while an audio fixture plays")
-        if cmd.delegation_id is not None:
-            raise WireError(
-                "unknown_delegation",
-                f"no delegation {cmd.delegation_id!r} was created in this session",
-                param="delegation_id",
-            )
         if len(cmd.content) > wire.MAX_APPEND_CHARS:
             raise WireError(
                 "content_too_long",
                 f"content is limited to {wire.MAX_APPEND_CHARS} characters",
                 param="content",
             )
+        if cmd.delegation_id is not None:
+            await self._answer_delegation(cmd.delegation_id)
         landed = await self.engine.append_text(kind, cmd.content)
         start, end = landed.start_ms, max(landed.start_ms, landed.end_ms)
         self.emit(ack(client_event_id=cmd.event_id, start_ms=start, end_ms=end))
+
+    # --- delegation (livekit_omni.live.delegation) -----------------------------------------------------------------
+    def _engine_runs_tools(self) -> bool:
+        caps = self.hub.supervisor.engine_info.get("capabilities")
+        return isinstance(caps, dict) and bool(caps.get("tools"))
+
+    def _delegation_tools(self, d: wire.Delegation) -> dg.EngineTools:
+        """The engine tools of delegation ``d`` (a ``responses`` delegation's echo keeps only the served tools).
+        Raises WireError for a malformed tool or choice."""
+        assert self.config is not None
+        if d.type != "responses":
+            return dg.client_tools(
+                d, delegates=self.config.delegates_to_client, engine_runs_tools=self._engine_runs_tools()
+            )
+        responses = d.responses if d.responses is not None else {}
+        runs = self._engine_runs_tools()
+        tools = dg.responses_tools(responses, engine_runs_tools=runs)
+        if "tools" in responses:
+            responses["tools"] = tools.served
+        if not runs and tools.refused is not None:
+            responses.pop("tool_choice", None)  # not served either: the echo says what the session runs
+        return tools
+
+    @staticmethod
+    def _tools_param(d: wire.Delegation) -> str:
+        return f"{dg.RESPONSES_PARAM}.tools" if d.type == "responses" else "session.delegation.tool_choice"
+
+    async def _apply_delegation(self, new: wire.Delegation, cid: str | None) -> None:
+        """A ``session.update``'s delegation: what changed reaches the engine session (tools, tool choice, the
+        backend's instructions, the acknowledgement delay); a refusal leaves the session as it was."""
+        assert self.config is not None and self.engine is not None
+        old = self.config.delegation
+        if new.responses is not None:
+            new.responses = dict(new.responses)  # the echo is edited below; the current one stays as it was
+        tools = self._delegation_tools(new)
+        changes: dict[str, object] = {}
+        if tools.tools != self.engine_tools.tools:
+            changes["tools"] = tools.tools
+        if tools.choice != self.engine_tools.choice:
+            changes["tool_choice"] = tools.choice
+        instructions = dg.engine_instructions(self.config.instructions, new)
+        if instructions != dg.engine_instructions(self.config.instructions, old):
+            changes["instructions"] = instructions
+        if new.acknowledgement_delay_ms != old.acknowledgement_delay_ms:
+            changes["acknowledgement_delay_ms"] = new.acknowledgement_delay_ms or 0
+        if changes:
+            try:
+                await asyncio.wait_for(
+                    self.engine.update(**changes),  # type: ignore[arg-type]
+                    ENGINE_REQUEST_TIMEOUT_S,
+                )
+            except EngineRequestError as e:
+                param = self._tools_param(new)
+                if new.type == "responses" and "tools" not in changes:
+                    param = f"{dg.RESPONSES_PARAM}.tool_choice"
+                refusal = engine_refusal(e, param)
+                if refusal is None:
+                    raise
+                raise refusal from e
+        self.engine_tools = tools
+        self.config.delegation = new
+        if tools.refused is not None:
+            self.emit_error(tools.refused, cid)
+
+    def _offset_ms(self) -> int:
+        return max(0, int((time.monotonic() - self.started_at) * 1000)) if self.started_at else 0
+
+    def _backend_model(self) -> str:
+        assert self.config is not None
+        model = (self.config.delegation.responses or {}).get("model")
+        return model if isinstance(model, str) and model else self.config.model
+
+    def _emit_backend(
+        self, r: dg.BackendResponse, event: wire.ResponsesStreamEvent, client_event_id: str | None = None
+    ) -> None:
+        allowed = self.allowed_response_events
+        if allowed is not None and event.__struct_config__.tag not in allowed:
+            return
+        self.emit(
+            wire.ResponseEvent(event=event, delegation_id=r.delegation_id, client_event_id=client_event_id)
+        )
+
+    def _backend_calls_of(self, r: dg.BackendResponse, calls: list[p.ToolCallItem]) -> None:
+        for call in calls:
+            self._backend_calls[call.call_id] = dg.BackendCall(call.call_id, r.delegation_id)
+            for event in r.call(call):
+                self._emit_backend(r, event)
+
+    def _require_responses(self, what: str) -> None:
+        assert self.config is not None
+        if self.config.delegation.type != "responses":
+            raise WireError(
+                "responses_delegation_required",
+                f"{what} requires responses delegation; this session uses {self.config.delegation.type} delegation",
+                param="type",
+            )
+
+    async def _answer_delegation(self, delegation_id: str) -> None:
+        """An append carrying ``delegation_id``: the application answers its client delegation. The first answer
+        closes the engine's call (its result says the application took the task)."""
+        assert self.config is not None and self.engine is not None
+        if self.config.delegation.type == "responses":
+            raise WireError(
+                "invalid_value",
+                "delegation_id must be null under responses delegation (tool results go in response.item.create)",
+                param="delegation_id",
+            )
+        if delegation_id not in self._client_delegations:
+            raise WireError(
+                "unknown_delegation",
+                f"no delegation {delegation_id!r} was created in this session",
+                param="delegation_id",
+            )
+        call_id = self._client_delegations[delegation_id]
+        if call_id is not None:
+            self._client_delegations[delegation_id] = None
+            await asyncio.wait_for(
+                self.engine.append_text("tool_result", dg.HANDED_OVER, call_id=call_id),
+                ENGINE_REQUEST_TIMEOUT_S,
+            )
+
+    async def _on_response_item(self, cmd: wire.ResponseItemCreate) -> None:
+        """``response.item.create``: a call's output becomes its result in the engine's conversation (said only
+        when a ``response.create`` asks); a message joins the conversation as context."""
+        assert self.engine is not None
+        self._require_responses("response.item.create")
+        item = cmd.item
+        kind = item.get("type", "message")
+        if kind == "function_call_output":
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise WireError(
+                    "missing_required_parameter",
+                    "a function_call_output needs a call_id",
+                    param="item.call_id",
+                )
+            call = self._backend_calls.get(call_id)
+            if call is None or call.answered:
+                raise WireError(
+                    "invalid_value",
+                    f"no function call {call_id!r} awaits an output in this session"
+                    + (" (it has its output already)" if call is not None else ""),
+                    param="item.call_id",
+                )
+            text = dg.output_text(item)
+            await asyncio.wait_for(
+                self.engine.append_text("tool_result", text, call_id=call_id), ENGINE_REQUEST_TIMEOUT_S
+            )
+            call.answered = True
+            self._answered_delegation = call.delegation_id
+        elif kind == "message":
+            append, text = dg.message_append(item)
+            if text:
+                await asyncio.wait_for(self.engine.append_text(append, text), ENGINE_REQUEST_TIMEOUT_S)
+        else:
+            raise WireError(
+                "invalid_value",
+                f"item type {str(kind)[:100]!r} is not taken here: send a function_call_output or a message",
+                param="item.type",
+            )
+
+    async def _on_response_create(self, cmd: wire.ResponseCreate) -> None:
+        """``response.create``: the continuation once every call has its output (or a response the application
+        asks for): the model speaks, framed by the backend response's ``response.created``/``completed``."""
+        assert self.engine is not None
+        self._require_responses("response.create")
+        if self._continuation is not None:
+            raise WireError(
+                "response_in_progress",
+                f"the backend's response {self._continuation.id} is still running; wait for its response.completed",
+            )
+        waiting = [c.call_id for c in self._backend_calls.values() if not c.answered]
+        if waiting:
+            raise WireError(
+                "missing_tool_outputs",
+                f"function calls {', '.join(waiting)} have no output yet: the backend continues once every call "
+                "has its function_call_output",
+            )
+        self._backend_calls.clear()  # every call is answered: this continuation consumes them
+        r = dg.BackendResponse(
+            dg.new_id("resp"),
+            self._answered_delegation,
+            self._backend_model(),
+            dg.continuation_choice(self.engine_tools.choice),
+        )
+        self._answered_delegation = None
+        self._continuation = r  # before the reply can start: the next reply to start is its
+        try:
+            await asyncio.wait_for(
+                self.engine.append_text("respond", "", tool_choice=r.choice), ENGINE_REQUEST_TIMEOUT_S
+            )
+        except BaseException:
+            if self._continuation is r:
+                self._continuation = None
+            raise
+        self._emit_backend(r, r.created(), cmd.event_id)
+
+    def _on_reply_started(self, ev: p.ReplyStarted) -> None:
+        r = self._continuation
+        if r is not None and r.reply is None:
+            r.reply = (ev.epoch, ev.turn_id)
+
+    def _on_reply_done(self, ev: p.ReplyDone) -> None:
+        """A reply ended: the continuation it was completes (with the calls it made), or its calls are a new
+        delegation (``responses``: the backend response's whole stream; ``client``: the hand-off)."""
+        assert self.config is not None
+        r = self._continuation
+        if r is not None and r.reply == (ev.epoch, ev.turn_id):
+            if not ev.interrupted and not ev.tool_calls and ev.output_tokens == 0:
+                # Said as it is, nothing generated: the engine's automatic acknowledgement, which started before
+                # the continuation. The continuation is the next reply.
+                r.reply = None
+                return
+            self._backend_calls_of(r, list(ev.tool_calls))
+            self._continuation = None
+            self._emit_backend(r, r.completed(dg.usage_of(ev)))
+            return
+        if ev.interrupted or not ev.tool_calls:
+            return  # a reply cut by a barge-in makes no call
+        if self.config.delegation.type == "responses":
+            did = dg.new_id("del")
+            r = dg.BackendResponse(dg.new_id("resp"), did, self._backend_model(), self.engine_tools.choice)
+            self.emit(
+                wire.DelegationCreated(
+                    delegation=wire.DelegationInfo(
+                        id=did, target="responses", type="delegation", response_id=r.id
+                    ),
+                    offset_ms=self._offset_ms(),
+                )
+            )
+            self._emit_backend(r, r.created())
+            self._backend_calls_of(r, list(ev.tool_calls))
+            self._emit_backend(r, r.completed(dg.usage_of(ev)))
+            return
+        for call in ev.tool_calls:
+            if call.name != dg.DELEGATE_TOOL.name:
+                log.warning("session %s: a call of %r under client delegation; ignored", self.id, call.name)
+                continue
+            did = dg.new_id("del")
+            self._client_delegations[did] = call.call_id
+            self.emit(
+                wire.DelegationCreated(
+                    delegation=wire.DelegationInfo(id=did, target="client", type="delegation"),
+                    offset_ms=self._offset_ms(),
+                )
+            )
 
     async def _set_engine_mute(self, muted: bool) -> None:
         assert self.engine is not None
@@ -579,6 +864,10 @@ class LiveSession(DialectSession[wire.ClientCommand, wire.ServerEvent]):
             case p.SpeechStopped():
                 if (latency := self._turn_latency.caller_stopped(time.monotonic())) is not None:
                     self.metrics.turn_latency.observe(latency)
+            case p.ReplyStarted():
+                self._on_reply_started(ev)
+            case p.ReplyDone():
+                self._on_reply_done(ev)
 
     # --- housekeeping -----------------------------------------------------------------------------------------
     def on_housekeeping(self, now: float) -> None:

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from livekit_omni.live import wire
 from livekit_omni.live.session import LiveSession
 from livekit_omni.sessions import webrtc as signalling
-from livekit_omni.sessions.errors import WireError
+from livekit_omni.sessions.errors import INVALID_REQUEST, WireError
 from livekit_omni.sessions.hub import TRY_AGAIN_CODES, SessionHub
 from livekit_omni.sessions.resume import TOKEN_INVALID, TRANSPORT_MISMATCH
 from livekit_omni.sessions.state import SessionState
@@ -91,15 +91,18 @@ async def _create(request: Request, hub: SessionHub) -> Response:
             live.allowed_client_events = frozenset(dc.allowed_client_events)
         if isinstance(dc.allowed_server_events, list):
             live.allowed_server_events = frozenset(x.type for x in dc.allowed_server_events)
+            nested = [x.response_event for x in dc.allowed_server_events if x.type == "response.event"]
+            if nested and None not in nested:
+                # Selectors of response.event name the nested Responses events the channel carries.
+                live.allowed_response_events = frozenset(e for e in nested if e is not None)
     signalling.refuse_if_draining(hub)  # the drain began while the body was read
     try:
         await live.open_or_raise(cfg)
     except WireError as e:
         await live.end(code=CLOSE_TRY_AGAIN, reason=e.code, notify=False)
         hub.metrics.errors.labels(code=e.code).inc()
-        raise signalling.OfferRefused(
-            503 if e.code in TRY_AGAIN_CODES else 500, e.code, e.message, type=e.type
-        ) from e
+        status = 503 if e.code in TRY_AGAIN_CODES else 400 if e.type == INVALID_REQUEST else 500
+        raise signalling.OfferRefused(status, e.code, e.message, type=e.type) from e
     peer = await _answer(live, transport, req.transport.sdp, new_session=True)
     _use_peer(live, transport, peer)
     # Queued by the peer until the client's data channel opens, then sent first.

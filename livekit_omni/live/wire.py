@@ -77,10 +77,14 @@ class AudioConfig(_Part):
 
 class Delegation(_Part):
     type: str
-    #: The Responses backend's settings under ``responses`` delegation (model, tools, ...): accepted and echoed;
-    #: the engine's own thinker answers, and no backend is called (docs/protocol.md).
+    #: The Responses backend's settings under ``responses`` delegation (model, instructions, tools, tool_choice,
+    #: ...). The engine's own thinker is the backend: its function tools and tool choice are the engine session's,
+    #: its instructions follow the voice instructions; the rest is echoed (docs/protocol.md, Delegation).
     responses: dict[str, Any] | None = None
     acknowledgement_delay_ms: int | None = None
+    #: An extension, ``client`` delegation only: whether a reply may (``auto``, the default), must (``required``)
+    #: or may not (``none``) hand the caller's task to the application.
+    tool_choice: str | None = None
 
 
 class ServerEventSelector(_Part):
@@ -174,6 +178,18 @@ class SessionClose(_Cmd, tag="session.close"):
     pass
 
 
+class ResponseItemCreate(_Cmd, tag="response.item.create"):
+    """An input item for the Responses backend (``responses`` delegation): a ``function_call_output`` answering a
+    call, or a message. Checked by the session (livekit_omni.live.delegation)."""
+
+    item: dict[str, Any]
+
+
+class ResponseCreate(_Cmd, tag="response.create"):
+    """Continue the delegation whose calls now have their outputs (or start a response of the backend): the model
+    speaks the continuation."""
+
+
 class SessionResume(_Cmd, tag="session.resume"):
     """An extension: instead of ``session.start``, re-attach to a session whose connection dropped, with the
     ``resume_token`` of its last ``session.started`` (single use; docs/protocol.md, "Resume")."""
@@ -191,6 +207,8 @@ ClientCommand = (
     | ThinkingAppend
     | CommentaryAppend
     | FixturePlay
+    | ResponseItemCreate
+    | ResponseCreate
     | SessionClose
     | SessionResume
 )
@@ -198,8 +216,6 @@ TextAppend = InstructionsAppend | ThinkingAppend | CommentaryAppend
 
 #: Commands of the Live protocol this server knows but does not serve, with the reason given to the client.
 UNSUPPORTED_COMMANDS: Final[dict[str, str]] = {
-    "response.item.create": "this server's own model answers; it runs no Responses backend and calls no tools",
-    "response.create": "this server's own model answers; it runs no Responses backend and calls no tools",
     "decision.create": "the Decisions API is not available on this server",
     "decision.item.create": "the Decisions API is not available on this server",
     "decision.item.delete": "the Decisions API is not available on this server",
@@ -226,6 +242,8 @@ _KNOWN_TYPES: Final = frozenset(
         ThinkingAppend,
         CommentaryAppend,
         FixturePlay,
+        ResponseItemCreate,
+        ResponseCreate,
         SessionClose,
         SessionResume,
     )
@@ -351,6 +369,9 @@ class ResolvedConfig:
     store_requested: bool
     safety_identifier: str | None
     client: ClientConfig | None
+    #: The session asked for ``client`` delegation explicitly (``session.delegation.type``): its model may hand tasks
+    #: to the application. A session without a delegation (omitted or null) is a plain conversation.
+    delegates_to_client: bool = False
 
     @property
     def voice_name(self) -> str:
@@ -392,17 +413,24 @@ def resolve_config(cfg: StartConfig, *, with_format: bool = True) -> ResolvedCon
         store_requested=bool(cfg.store),
         safety_identifier=cfg.safety_identifier,
         client=_resolve_client(cfg.client),
+        delegates_to_client=cfg.delegation is not None and delegation.type == "client",
     )
 
 
-#: Delegation types a session may use. ``responses`` (LiveKit's ``GPTLiveModel`` default) is accepted so that stock
-#: clients work unchanged: its backend settings are echoed, the engine's own thinker answers every turn, and no
-#: delegation events are sent (there is no backend to delegate to).
+#: Delegation types a session may use. ``responses`` is LiveKit ``GPTLiveModel``'s default; the engine's own thinker
+#: is its backend (livekit_omni.live.delegation).
 DELEGATION_TYPES: Final = ("client", "responses")
+#: The longest automatic acknowledgement delay (the engine's limit: a minute of silence is no acknowledgement).
+MAX_ACKNOWLEDGEMENT_MS: Final = 60_000
+#: The extension ``tool_choice`` of a ``client`` delegation.
+CLIENT_TOOL_CHOICES: Final = ("auto", "required", "none")
 
 
 def resolve_delegation(d: Delegation | None, *, current: Delegation | None) -> Delegation:
-    """A start or update delegation -> the resolved delegation (``type``, ``responses``, ack delay)."""
+    """A start or update delegation -> the resolved delegation (``type``, ``responses``, ack delay).
+
+    Only the shape is checked here; the tools and tool choice are read by the session, which knows what the engine
+    runs (livekit_omni.live.delegation)."""
     kind = (current.type if current is not None else "client") if d is None else d.type
     if kind == "decisions":
         raise WireError(
@@ -422,20 +450,48 @@ def resolve_delegation(d: Delegation | None, *, current: Delegation | None) -> D
         )
     delay = (current.acknowledgement_delay_ms or 0) if current is not None else 0
     if d is not None and d.acknowledgement_delay_ms is not None:
-        if d.acknowledgement_delay_ms < 0:
+        if not 0 <= d.acknowledgement_delay_ms <= MAX_ACKNOWLEDGEMENT_MS:
             raise WireError(
                 "invalid_value",
-                "acknowledgement_delay_ms must be >= 0",
+                f"acknowledgement_delay_ms is 0 to {MAX_ACKNOWLEDGEMENT_MS}",
                 param="session.delegation.acknowledgement_delay_ms",
             )
         delay = d.acknowledgement_delay_ms
+    choice = current.tool_choice if current is not None else None
+    if d is not None and d.tool_choice is not None:
+        if kind != "client":
+            raise WireError(
+                "invalid_value",
+                "tool_choice is a client delegation setting; under responses delegation use responses.tool_choice",
+                param="session.delegation.tool_choice",
+            )
+        if d.tool_choice not in CLIENT_TOOL_CHOICES:
+            raise WireError(
+                "invalid_value",
+                f"tool_choice is one of {', '.join(CLIENT_TOOL_CHOICES)}",
+                param="session.delegation.tool_choice",
+            )
+        choice = d.tool_choice
     responses: dict[str, Any] | None = None
     if kind == "responses":
         # Sparse on update: the keys given replace the current ones, the rest are kept.
         responses = dict(current.responses or {}) if current is not None else {}
         if d is not None and d.responses:
             responses.update(d.responses)
-    return Delegation(type=kind, responses=responses, acknowledgement_delay_ms=delay)
+        instructions = responses.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise WireError(
+                "invalid_type",
+                "responses.instructions must be a string",
+                param="session.delegation.responses.instructions",
+            )
+        if isinstance(instructions, str) and len(instructions) > MAX_INSTRUCTIONS_CHARS:
+            raise WireError(
+                "instructions_too_long",
+                f"responses.instructions are limited to {MAX_INSTRUCTIONS_CHARS} characters",
+                param="session.delegation.responses.instructions",
+            )
+    return Delegation(type=kind, responses=responses, acknowledgement_delay_ms=delay, tool_choice=choice)
 
 
 def _unsupported_triggers() -> WireError:
@@ -699,6 +755,127 @@ class Info(_Event, tag="info"):
     message: str
 
 
+# --- delegation: session.delegation.created and the Responses backend's stream (response.event) ------------------
+
+
+class DelegationInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Metadata only: the task is whatever the conversation says."""
+
+    id: str
+    target: Literal["client", "responses"]
+    #: Always ``"delegation"`` (required on the wire, so it has no default for omit_defaults to drop).
+    type: Literal["delegation"]
+    #: The backend response of a ``responses`` delegation; left out for ``client``.
+    response_id: str | None = None
+
+
+class DelegationCreated(_Event, tag="session.delegation.created"):
+    delegation: DelegationInfo
+    #: Where on the session timeline (ms since it started) the model delegated.
+    offset_ms: int
+
+
+# The Responses streaming events a response.event carries (the openai SDK's ``ResponseStreamEvent`` members this
+# server sends). Lifecycle snapshots clear ``instructions``, ``tools`` and ``output``, as the Live protocol says:
+# clients read calls from ``response.output_item.done``. These structs are not omit_defaults where a field is
+# required even when empty.
+
+
+class InputTokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int
+    cache_write_tokens: int = 0
+
+
+class OutputTokensDetails(msgspec.Struct, kw_only=True):
+    reasoning_tokens: int = 0
+
+
+class ResponsesUsage(msgspec.Struct, kw_only=True):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class FunctionCallItem(msgspec.Struct, tag_field="type", tag="function_call", kw_only=True):
+    """The backend's function call: ``arguments`` is JSON text valid for the tool's schema."""
+
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+class ResponsesResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A backend response snapshot (``object: "response"``), cleared as the protocol says."""
+
+    id: str
+    object: Literal["response"]
+    created_at: float
+    model: str
+    status: Literal["in_progress", "completed", "incomplete", "failed"]
+    output: list[FunctionCallItem]
+    tools: list[dict[str, Any]]
+    tool_choice: str | dict[str, Any]
+    parallel_tool_calls: bool
+    completed_at: float | None = None
+    usage: ResponsesUsage | None = None
+
+
+class _Nested(msgspec.Struct, tag_field="type", kw_only=True):
+    sequence_number: int
+
+
+class ResponsesCreated(_Nested, tag="response.created"):
+    response: ResponsesResponse
+
+
+class ResponsesCompleted(_Nested, tag="response.completed"):
+    response: ResponsesResponse
+
+
+class ResponsesOutputItemAdded(_Nested, tag="response.output_item.added"):
+    output_index: int
+    item: FunctionCallItem
+
+
+class ResponsesOutputItemDone(_Nested, tag="response.output_item.done"):
+    output_index: int
+    item: FunctionCallItem
+
+
+class ResponsesFunctionCallArgumentsDelta(_Nested, tag="response.function_call_arguments.delta"):
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class ResponsesFunctionCallArgumentsDone(_Nested, tag="response.function_call_arguments.done"):
+    item_id: str
+    output_index: int
+    arguments: str
+
+
+ResponsesStreamEvent = (
+    ResponsesCreated
+    | ResponsesCompleted
+    | ResponsesOutputItemAdded
+    | ResponsesOutputItemDone
+    | ResponsesFunctionCallArgumentsDelta
+    | ResponsesFunctionCallArgumentsDone
+)
+
+
+class ResponseEvent(_Event, tag="response.event"):
+    """One event of the Responses backend's stream, with the delegation it belongs to (left out for a response the
+    application started without one)."""
+
+    event: ResponsesStreamEvent
+    delegation_id: str | None = None
+
+
 ServerEvent = (
     SessionStarted
     | SessionUpdated
@@ -716,6 +893,8 @@ ServerEvent = (
     | SessionClosed
     | Error
     | Info
+    | DelegationCreated
+    | ResponseEvent
 )
 AppendedEvent = InstructionsAppended | ThinkingAppended | CommentaryAppended
 

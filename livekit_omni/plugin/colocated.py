@@ -17,7 +17,9 @@ The writer, the player, the engine event pump and the keep-alive belong to the s
 :class:`media.bridge.SessionBridge`, as for the Live facade's sessions (one keep-alive rule: see there).
 
 Control plane: the engine's local channel (:class:`engine_bridge.client.EngineClient`), shared by the model's
-sessions on one event loop. Engine events become LiveKit duplex events here.
+sessions on one event loop. Engine events become LiveKit duplex events here; a reply that ended in function calls
+(``ReplyDone.tool_calls``) becomes LiveKit's ``function_call`` events, their results go back as ``tool_result``
+appends and the answer is a ``respond`` append (see :mod:`.session`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from livekit_omni.plugin.session import (
     frame_to_mono_pcm16,
     mono_pcm16_frame,
 )
+from livekit_omni.plugin.tools import tools_refused
 from media.bridge import SessionBridge
 from media.egress import EgressPlayer
 from media.ingress import IngressWriter
@@ -167,6 +170,45 @@ class ColocatedSession(OmniSession):
     def _send_mute(self, muted: bool) -> None:
         self._enqueue(lambda es: es.set_mute(muted))
 
+    async def _apply_tools(self, tools: list[p.ToolDef], choice: p.ToolChoiceSpec) -> None:
+        # In order with the appends before it, and awaited: the engine's refusal is this call's error.
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def update(es: EngineSession) -> None:
+            try:
+                await es.update(tools=tools, tool_choice=choice)
+            except Exception as e:  # handed to the caller, which raises it
+                if not done.done():
+                    done.set_exception(e)
+            else:
+                if not done.done():
+                    done.set_result(None)
+
+        self._enqueue(update)
+        try:
+            await done
+        except EngineRequestError as e:
+            if e.code == p.ErrorCode.INVALID_TOOLS:
+                raise tools_refused(e.message, tools) from None
+            raise llm.RealtimeError(f"the engine refused the new tools: {e}", code=e.code) from None
+        except (ControlError, TimeoutError) as e:
+            raise llm.RealtimeError(f"the engine did not take the new tools: {e}") from None
+
+    def _send_tool_choice(self, choice: p.ToolChoiceSpec) -> None:
+        self._enqueue(lambda es: es.update(tool_choice=choice))
+
+    def _send_tool_result(self, call_id: str, output: str) -> None:
+        self._enqueue(lambda es: es.append_text("tool_result", output, call_id=call_id))
+
+    def _send_tool_call(self, call: llm.FunctionCall) -> bool:
+        item = p.ToolCallItem(call_id=call.call_id, name=call.name, arguments=call.arguments)
+        self._enqueue(lambda es: es.append_text("tool_call", "", call=item))
+        return True
+
+    def _request_tool_reply(self, choice: p.ToolChoiceSpec) -> None:
+        # The reply to the conversation as it stands (the results at its end), with no prompt added.
+        self._enqueue(lambda es: es.append_text("respond", "", tool_choice=choice))
+
     def _enqueue(self, cmd: Command) -> None:
         if self._closing or self._failed:
             raise llm.RealtimeError("the livekit-omni session is closed")
@@ -187,6 +229,9 @@ class ColocatedSession(OmniSession):
             history=[p.ChatTurn(role=t.role, text=t.text) for t in self._startup_history()],
             voice=self._opts.voice,
             idle_ttl_s=self._opts.idle_ttl_s,
+            tools=list(self._tool_defs),
+            tool_choice=self.tool_choice,
+            acknowledgement_delay_ms=self._opts.acknowledgement_delay_ms,
         )
 
     async def _open(self) -> EngineSession:
@@ -213,15 +258,15 @@ class ColocatedSession(OmniSession):
             es = await self._open()
         except asyncio.CancelledError:
             raise
-        except Exception as e:
-            where = self._opts.engine_address
-            self._emit_error(
-                llm.RealtimeError(
-                    f"could not open a session on the engine at {where}: {e}", code="open_failed"
-                ),
-                recoverable=False,
-            )
+        except EngineRequestError as e:
+            if e.code != p.ErrorCode.INVALID_TOOLS:
+                self._open_failed(e)
+                return
+            self._refuse_tools(tools_refused(e.message, self._tool_defs))
             self._open_done.set()
+            return
+        except Exception as e:
+            self._open_failed(e)
             return
         self._es = es
         self._bridge = bridge = SessionBridge(es, self._on_engine_event)
@@ -239,6 +284,14 @@ class ColocatedSession(OmniSession):
             await bridge.wait()  # until the engine session's events end
         finally:
             await utils.aio.cancel_and_wait(*helpers)
+
+    def _open_failed(self, e: Exception) -> None:
+        where = self._opts.engine_address
+        self._emit_error(
+            llm.RealtimeError(f"could not open a session on the engine at {where}: {e}", code="open_failed"),
+            recoverable=False,
+        )
+        self._open_done.set()
 
     async def _pump_input(self, writer: IngressWriter) -> None:
         """Writes the frames queued before the writer ran (or behind them), in order; later ones go directly."""
@@ -277,6 +330,8 @@ class ColocatedSession(OmniSession):
                     # The framework records the caller's message under this id; a context update carrying it
                     # back must not reach the engine a second time.
                     self._first_sight(ev.item_id)
+                    if ev.text.strip():
+                        self._note_caller_turn()
                 self.emit(
                     "input_audio_transcription_completed",
                     llm.InputTranscriptionCompleted(
@@ -296,6 +351,9 @@ class ColocatedSession(OmniSession):
                 if self._reply_turn == ev.turn_id:
                     self._reply_turn = None
                 self.emit("omni_reply_done", OmniReplyDone(ev.turn_id, ev.interrupted, ev.text))
+                # The reply ended in function calls (a reply cut by a barge-in makes none): LiveKit runs them.
+                for call in ev.tool_calls:
+                    self._emit_function_call(call.call_id, call.name, call.arguments)
             case p.BargeIn():
                 self._reply_turn = None
                 self.emit("omni_barge_in", OmniBargeIn(ev.turn_id, ev.played_samples * 1000 // OUTPUT_RATE))

@@ -32,8 +32,10 @@ class OmniDuplexModel(llm.DuplexModel):
     """livekit-omni's full-duplex voice engine for ``AgentSession(llm=...)``.
 
     Give exactly one of ``engine_address`` (co-located) or ``base_url`` (remote); either may come from the
-    environment (``LIVEKIT_OMNI_ENGINE_ADDRESS`` / ``LIVEKIT_OMNI_BASE_URL``). Tools are not supported: an agent
-    with tools fails to start with a ``RealtimeError``.
+    environment (``LIVEKIT_OMNI_ENGINE_ADDRESS`` / ``LIVEKIT_OMNI_BASE_URL``). The agent's function tools run as
+    with any LiveKit model: the engine's model calls them, LiveKit executes them, and the answer is built on their
+    results (``tool_choice`` sets whether the replies the model starts on its own may or must call one). Tools the
+    engine cannot use fail the agent's start with a ``RealtimeError`` naming them.
     """
 
     def __init__(
@@ -51,19 +53,26 @@ class OmniDuplexModel(llm.DuplexModel):
         retry_interval_s: float | None = None,
         connect_timeout_s: float | None = None,
         transcript_hold_s: float | None = None,
+        tool_choice: str | None = None,
+        acknowledgement_delay_ms: int | None = None,
     ) -> None:
         super().__init__(
             capabilities=llm.DuplexCapabilities(
                 # The engine transcribes the caller and reports turn boundaries.
                 user_transcription=True,
-                # No tools ever run (see OmniSession._update_tools), so there is no tool result to continue from.
+                # A tool's result asks for no reply by itself (the engine's tool_result append, the Live
+                # response.item.create): the framework asks for the answer (_generate_reply), which lets it bound
+                # tool rounds (max_tool_steps: tool_choice "none" for the last), leave a result that wants no reply
+                # unanswered, and tie the answer to the tool's speech. See OmniSession's module docstring.
                 auto_tool_reply_generation=False,
                 # The conversation is append-only (a KV lease holds it): new items can be added but nothing can be
                 # edited or removed, and the instructions cannot be replaced — only appended to. GPT-Live declares
                 # the same, so a handoff that changes them opens a fresh session.
                 mutable_chat_context=False,
                 mutable_instructions=False,
-                mutable_tools=False,
+                # Tools can be replaced on a running session (the engine rebuilds its context once; the Live
+                # session's responses delegation takes them in a session.update).
+                mutable_tools=True,
             )
         )
         given: dict[str, Any] = {
@@ -79,6 +88,8 @@ class OmniDuplexModel(llm.DuplexModel):
             "retry_interval_s": retry_interval_s,
             "connect_timeout_s": connect_timeout_s,
             "transcript_hold_s": transcript_hold_s,
+            "tool_choice": tool_choice,
+            "acknowledgement_delay_ms": acknowledgement_delay_ms,
         }
         self._opts = resolve_options(given)
         # Co-located sessions share one control connection per event loop (a worker has one loop; tests may run

@@ -9,6 +9,7 @@ imports the sessions: the sessions take their options from here, never from the 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
@@ -17,6 +18,10 @@ from typing import Any, Final
 ENV_ENGINE_ADDRESS: Final = "LIVEKIT_OMNI_ENGINE_ADDRESS"
 ENV_BASE_URL: Final = "LIVEKIT_OMNI_BASE_URL"
 ENV_API_KEY: Final = "LIVEKIT_OMNI_API_KEY"
+#: The tool choices that are not a function's name.
+TOOL_CHOICE_MODES: Final = ("auto", "none", "required")
+#: A function tool's name (OpenAI's rule, which the engine applies too).
+_TOOL_NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +55,16 @@ class OmniOptions:
     #: first. The engine transcribes at (or just before) the endpoint, so the final follows the stop by up to the
     #: ASR time: ~0.5-3 s for whisper on a small, busy CPU. Only a turn nothing was recognised in waits it out.
     transcript_hold_s: float = 5.0
+    #: Whether the replies the model starts on its own (the caller's turns, ``speak_now``) may call the agent's
+    #: function tools: ``"auto"``, ``"none"``, ``"required"`` (every such reply calls one), or the name of one of
+    #: them (every such reply calls that one). The framework's own choice overrides it while the framework sets
+    #: one (``generate_reply(tool_choice=...)``, the answer to a tool's result); ``set_tool_choice()`` on the
+    #: session changes it for the rest of the call.
+    tool_choice: str = "auto"
+    #: After a reply that ended in a tool call, a short spoken acknowledgement ("One moment, please.") once this
+    #: many ms pass without the result; -1: none. Remote: the Live delegation's ``acknowledgement_delay_ms``
+    #: (-1: not sent, the server's default).
+    acknowledgement_delay_ms: int = -1
 
     def __post_init__(self) -> None:
         if self.input_queue_frames < 1 or self.output_queue_frames < 1:
@@ -58,6 +73,12 @@ class OmniOptions:
             raise ValueError("max_retries and retry_interval_s must be >= 0, connect_timeout_s > 0")
         if self.transcript_hold_s < 0 or self.idle_ttl_s < 0:
             raise ValueError("transcript_hold_s and idle_ttl_s must be >= 0")
+        if self.tool_choice not in TOOL_CHOICE_MODES and not _TOOL_NAME.match(self.tool_choice):
+            raise ValueError(
+                f"tool_choice is auto, none, required or a function tool's name, not {self.tool_choice!r}"
+            )
+        if self.acknowledgement_delay_ms < -1:
+            raise ValueError("acknowledgement_delay_ms is -1 (none) or a delay in ms")
 
     @property
     def mode(self) -> str:

@@ -16,7 +16,11 @@ It behaves like LiveKit's own ``GPTLiveSession`` (docs/protocol.md) where that m
   with the conversation so far as ``input``. After the last attempt, or on a fatal error code (bad key, quota),
   an unrecoverable error ends the AgentSession.
 
-Unlike GPT-Live it delegates nothing (``delegation: client``, no tools) and it does not connect before the
+Function tools go as GPT-Live sends them, under ``delegation: responses`` (OpenAI's Live API; docs/protocol.md says
+what this server serves): the agent's function tools and the tool choice in ``session.delegation.responses``
+(changed with ``session.update``), a call read from a ``response.event`` envelope's ``response.output_item.done``,
+its result sent back as ``response.item.create`` (a ``function_call_output``) and the answer asked for with
+``response.create`` once no response is still running. Unlike GPT-Live it does not connect before the
 configuration is complete, so the server never holds an idle socket.
 """
 
@@ -29,7 +33,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 from urllib.parse import urlparse, urlunparse
 
 import aiohttp
@@ -38,6 +42,7 @@ import numpy as np
 from livekit import rtc
 from livekit.agents import llm, utils
 
+from engine_bridge import protocol as p
 from livekit_omni.live import wire
 from livekit_omni.plugin.log import logger
 from livekit_omni.plugin.options import OmniOptions
@@ -49,6 +54,7 @@ from livekit_omni.plugin.session import (
     frame_to_mono_pcm16,
     mono_pcm16_frame,
 )
+from livekit_omni.plugin.tools import INVALID_TOOLS, responses_tool_choice, responses_tools, tools_refused
 from livekit_omni.sessions.resume import REFUSALS as RESUME_REFUSALS
 from media.resample import Resampler
 
@@ -76,6 +82,71 @@ FATAL_ERROR_CODES: Final = frozenset(
 )
 #: While closing, only these server events still matter (GPT-Live does the same).
 _CLOSING_EVENTS: Final = (wire.UsageUpdated, wire.SessionClosed)
+#: The nested Responses events that end a backend response.
+_RESPONSE_ENDS: Final = frozenset(
+    {"response.completed", "response.failed", "response.incomplete", "response.cancelled"}
+)
+
+
+# --- the Live protocol's responses delegation ---------------------------------------------------------------------
+# livekit_omni.live.wire declares the session events this client uses; the messages of a responses delegation are
+# declared here, as OpenAI's Live API gives them (and LiveKit's GPT-Live sends and reads them), so that the plugin
+# does not depend on the server's version of the module.
+
+
+class FunctionCallOutputItem(msgspec.Struct, kw_only=True):
+    """A Responses input item: the result of the call ``call_id``."""
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+
+
+class ResponseItemCreate(msgspec.Struct, tag_field="type", tag="response.item.create", kw_only=True):
+    event_id: str
+    item: FunctionCallOutputItem
+
+
+class ResponseCreate(msgspec.Struct, tag_field="type", tag="response.create", kw_only=True):
+    event_id: str
+
+
+class ResponseOutputItem(msgspec.Struct, kw_only=True):
+    """The part of a Responses output item this client reads (a function call's fields)."""
+
+    type: str = ""
+    id: str | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    status: str | None = None
+
+
+class ResponseStreamEvent(msgspec.Struct, kw_only=True):
+    """A nested Responses streaming event (``response.created``, ``response.output_item.done``, ...)."""
+
+    type: str
+    item: ResponseOutputItem | None = None
+    response: dict[str, Any] | None = None
+
+
+class ResponseEventEnvelope(msgspec.Struct, tag_field="type", tag="response.event", kw_only=True):
+    event: ResponseStreamEvent
+    delegation_id: str | None = None
+    event_id: str | None = None
+
+
+OutgoingCommand = wire.ClientCommand | ResponseItemCreate | ResponseCreate
+_response_event_decoder: Final = msgspec.json.Decoder(ResponseEventEnvelope)
+_encoder: Final = msgspec.json.Encoder()
+
+
+def decode_response_event(raw: str | bytes) -> ResponseEventEnvelope | None:
+    """A ``response.event`` frame -> its envelope (None: the frame is some other event, or a malformed one)."""
+    try:
+        return _response_event_decoder.decode(raw)
+    except msgspec.ValidationError:
+        return None
 
 
 class _Retryable(Exception):
@@ -127,7 +198,7 @@ class RemoteSession(OmniSession):
         assert self._opts.base_url is not None
         self._url = live_sessions_url(self._opts.base_url)
         self._out: DropOldestQueue[llm.DuplexAudioFrame] = DropOldestQueue(self._opts.output_queue_frames)
-        self._control: collections.deque[wire.ClientCommand] = collections.deque()
+        self._control: collections.deque[OutgoingCommand] = collections.deque()
         self._wake = asyncio.Event()
         self._http: aiohttp.ClientSession | None = None
         # Per connection.
@@ -147,6 +218,10 @@ class RemoteSession(OmniSession):
         self._chunk = np.zeros(INPUT_CHUNK_SAMPLES, dtype=np.int16)
         self._chunk_fill = 0
         self._speech: dict[Literal["user", "assistant"], _Speech] = {}
+        #: Backend responses running (by delegation id; None: one the client started), and whether a
+        #: ``response.create`` waits for them to end (the service continues only once none is running).
+        self._responses_running: set[str | None] = set()
+        self._continue_pending = False
         self._retries = 0
         self._stream = self._frames()
         self._main = asyncio.create_task(self._main_task(), name="omni.remote.main")
@@ -218,7 +293,37 @@ class RemoteSession(OmniSession):
     def _send_mute(self, muted: bool) -> None:
         self._queue_command(_mute_command(muted))
 
-    def _queue_command(self, event: wire.ClientCommand) -> None:
+    async def _apply_tools(self, tools: list[p.ToolDef], choice: p.ToolChoiceSpec) -> None:
+        # The server answers with session.updated, or an error event (reported as an error, with the tools named).
+        self._queue_delegation_update(
+            {"tools": responses_tools(tools), "tool_choice": responses_tool_choice(choice)}
+        )
+
+    def _send_tool_choice(self, choice: p.ToolChoiceSpec) -> None:
+        self._queue_delegation_update({"tool_choice": responses_tool_choice(choice)})
+
+    def _queue_delegation_update(self, responses: dict[str, Any]) -> None:
+        update = wire.UpdateConfig(delegation=wire.Delegation(type="responses", responses=responses))
+        self._queue_command(
+            wire.SessionUpdate(event_id=utils.shortuuid("delegation_update_"), session=update)
+        )
+
+    def _send_tool_result(self, call_id: str, output: str) -> None:
+        item = FunctionCallOutputItem(type="function_call_output", call_id=call_id, output=output)
+        self._queue_command(ResponseItemCreate(event_id=utils.shortuuid("tool_output_"), item=item))
+
+    def _send_tool_call(self, call: llm.FunctionCall) -> bool:
+        return False  # the Live wire has no client-made calls: it is narrated as context
+
+    def _request_tool_reply(self, choice: p.ToolChoiceSpec) -> None:
+        # The session's tool choice was set with session.update (the framework sets it before it asks); the
+        # Live protocol's response.create takes none of its own.
+        if self._responses_running:
+            self._continue_pending = True  # sent once they end
+            return
+        self._queue_command(ResponseCreate(event_id=utils.shortuuid("response_create_")))
+
+    def _queue_command(self, event: OutgoingCommand) -> None:
         if self._closing or self._failed:
             raise llm.RealtimeError("the livekit-omni session is closed")
         if len(self._control) >= CONTROL_QUEUE_LIMIT:
@@ -243,7 +348,10 @@ class RemoteSession(OmniSession):
                         self.emit("session_reconnected", llm.RealtimeSessionReconnectedEvent())
                     await self._run_ws(ws)
                 except _Fatal as e:
-                    self._emit_error(llm.RealtimeError(str(e), code="fatal"), recoverable=False)
+                    if isinstance(e.__cause__, llm.RealtimeError):
+                        self._refuse_tools(e.__cause__)  # the session was refused for its tools
+                    else:
+                        self._emit_error(llm.RealtimeError(str(e), code="fatal"), recoverable=False)
                     return
                 except _Retryable as e:
                     if self._closing:
@@ -301,9 +409,18 @@ class RemoteSession(OmniSession):
         self._speech.clear()
         self._resampler = None
         self._chunk_fill = 0
+        # A response the old connection was following is not reported on the new one.
+        self._responses_running.clear()
         if not resuming:
             self._usage_total = 0.0
             self._session_id = None
+            # The new session never saw the calls: their results are context, and nothing is left to continue.
+            self._forget_calls()
+            self._continue_pending = False
+        elif self._continue_pending and not self._closing:
+            # The resumed session still holds the calls and their results: the answer asked for goes out now.
+            self._continue_pending = False
+            self._queue_command(ResponseCreate(event_id=utils.shortuuid("response_create_")))
 
     async def _run_ws(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         self._session_started = asyncio.Event()
@@ -342,11 +459,11 @@ class RemoteSession(OmniSession):
                 raise _Retryable(f"the server ended the session ({self._closed_reason or 'no reason'})")
             raise _Retryable("the connection closed unexpectedly")
 
-    async def _send(self, ws: aiohttp.ClientWebSocketResponse, event: wire.ClientCommand) -> None:
+    async def _send(self, ws: aiohttp.ClientWebSocketResponse, event: OutgoingCommand) -> None:
         if not isinstance(event, wire.InputAudioAppend):
             self.emit("omni_client_event", event)
         try:
-            await ws.send_str(wire.encode(event).decode())
+            await ws.send_str(_encoder.encode(event).decode())
         except (aiohttp.ClientError, ConnectionError, OSError) as e:
             raise _Retryable(f"send failed: {e}") from None
 
@@ -419,9 +536,19 @@ class RemoteSession(OmniSession):
                     except msgspec.DecodeError:
                         raise _Fatal("the server sent a text frame that is not a JSON object") from None
                     except wire.UnknownServerEvent as e:
-                        # An event this client does not know (or a malformed one): skipped, as GPT-Live does.
-                        logger.debug("livekit-omni: skipping a server event: %s", e)
+                        # A responses delegation's event (declared here, see above), or one this client does
+                        # not know or a malformed one: skipped, as GPT-Live does.
+                        if (envelope := decode_response_event(msg.data)) is not None:
+                            self.emit("omni_server_event", envelope)
+                            if not self._closing:
+                                self._on_response_event(envelope)
+                        else:
+                            logger.debug("livekit-omni: skipping a server event: %s", e)
                         continue
+                    if wire.event_type(event) == ResponseEventEnvelope.__struct_config__.tag:
+                        # A server module that declares the envelope itself: read with this client's fields.
+                        if (envelope := decode_response_event(msg.data)) is not None and not self._closing:
+                            self._on_response_event(envelope)
                     self.emit("omni_server_event", event)
                     if self._closing and not isinstance(event, _CLOSING_EVENTS):
                         continue  # the framework has torn down; only the shutdown events matter
@@ -459,6 +586,25 @@ class RemoteSession(OmniSession):
             case _:
                 logger.debug("livekit-omni server event %s", wire.event_type(event))
 
+    def _on_response_event(self, envelope: ResponseEventEnvelope) -> None:
+        """The backend's stream, read as GPT-Live reads it: a completed function call is LiveKit's to run."""
+        event, delegation = envelope.event, envelope.delegation_id
+        if event.type == "response.created":
+            self._responses_running.add(delegation)
+        elif event.type == "response.output_item.done":
+            item = event.item
+            if item is None or item.type != "function_call" or item.status not in (None, "completed"):
+                return
+            if not item.call_id or not item.name or item.arguments is None:
+                logger.warning("livekit-omni: dropping a function call with missing fields: %s", item)
+                return
+            self._emit_function_call(item.call_id, item.name, item.arguments, item.id)
+        elif event.type in _RESPONSE_ENDS:
+            self._responses_running.discard(delegation)
+            if self._continue_pending and not self._responses_running:
+                self._continue_pending = False
+                self._queue_command(ResponseCreate(event_id=utils.shortuuid("response_create_")))
+
     def _on_audio_delta(self, data: bytes) -> None:
         # Decoded from base64 with the event; odd-length chunks are not whole samples (GPT-Live drops them too).
         if not data or len(data) % 2:
@@ -482,6 +628,8 @@ class RemoteSession(OmniSession):
         if speech is None:
             speech = self._speech[role] = _Speech(message_id=utils.shortuuid(f"omni_{role}_"))
             if role == "user":
+                # A caller's message starts with its first words (the Live wire has no turn boundaries).
+                self._note_caller_turn()
                 self.emit("input_speech_started", llm.InputSpeechStartedEvent())
         speech.text += delta
         speech.quiet_ms = 0
@@ -541,6 +689,13 @@ class RemoteSession(OmniSession):
         message = f"server error {code or etype}: {error.message}"
         if code in FATAL_ERROR_CODES or etype in FATAL_ERROR_CODES:
             raise _Fatal(message)
+        if self._tool_defs and (code == INVALID_TOOLS or "tool" in (error.param or "")):
+            refused = tools_refused(f"{error.message} ({error.param or code})", self._tool_defs)
+            if not self._session_started.is_set():
+                # session.start was refused for the tools: the same start can never succeed.
+                raise _Fatal(str(refused)) from refused
+            self._emit_error(refused, recoverable=True)
+            return
         self._emit_error(llm.RealtimeError(message, code=code), recoverable=True)
 
     # --- output -----------------------------------------------------------------------------------------------
@@ -566,9 +721,21 @@ class RemoteSession(OmniSession):
                 format=wire.AudioFormat(type="audio/pcm", rate=SAMPLE_RATE),
                 output=wire.AudioOutput(voice=self._opts.voice) if self._opts.voice else None,
             ),
-            delegation=wire.Delegation(type="client"),
+            delegation=self._delegation(),
         )
         return wire.SessionStart(event_id=utils.shortuuid("session_start_"), session=session)
+
+    def _delegation(self) -> wire.Delegation:
+        """A responses delegation (GPT-Live's default), so that tools can come and go during the session (its type
+        is fixed at start): the agent's function tools and the tool choice; the server's own model answers."""
+        responses: dict[str, Any] = {"model": self._opts.model}
+        if self._tool_defs:
+            responses["tools"] = responses_tools(self._tool_defs)
+            responses["tool_choice"] = responses_tool_choice(self.tool_choice)
+        ack = self._opts.acknowledgement_delay_ms
+        return wire.Delegation(
+            type="responses", responses=responses, acknowledgement_delay_ms=ack if ack >= 0 else None
+        )
 
     async def _frames(self) -> AsyncIterator[llm.DuplexAudioFrame]:
         async for frame in self._out:

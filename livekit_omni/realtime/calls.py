@@ -4,7 +4,8 @@ ends it, and a WebSocket on ``/v1/realtime?call_id=<call_id>`` is a *sideband* t
 client events, tools and instructions included, while the browser holds the media).
 
 A call's events go out on its ``oai-events`` data channel and, as the same JSON, on every sideband attached to it
-(:class:`CallTransport`); events from a sideband are handled exactly like those from the data channel. A sideband
+(:class:`CallTransport`); events from a sideband are handled exactly like those from the data channel. A SIP call
+(:mod:`livekit_omni.sip`) is a call here too: its transport has sidebands and no data channel (:class:`CallLike`). A sideband
 that closes leaves the call running; a call that ends closes its sidebands with the call's close code. The call id
 is the session id in the answer's ``Location`` header, and the sideband needs an API key like any other socket.
 """
@@ -12,6 +13,7 @@ is the session id in the answer's ``Location`` header, and the sideband needs an
 from __future__ import annotations
 
 import logging
+from typing import Protocol, runtime_checkable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -26,6 +28,14 @@ from livekit_omni.sessions.webrtc import DataChannelTransport
 from livekit_omni.sessions.websocket import WebSocketTransport, receive_messages
 
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class CallLike(Protocol):
+    """The transport of a call that sidebands may attach to: a WebRTC call's :class:`CallTransport`, a SIP call's
+    ``SipCallTransport``."""
+
+    sidebands: set[WebSocketTransport]
 
 
 class CallTransport:
@@ -64,9 +74,9 @@ class CallTransport:
 
 
 def find_call(hub: SessionHub, call_id: str) -> RealtimeSession | None:
-    """The open Realtime WebRTC call ``call_id``, if this server holds it."""
+    """The open Realtime call ``call_id`` (WebRTC or SIP), if this server holds it."""
     for s in hub.sessions:
-        if s.id == call_id and isinstance(s, RealtimeSession) and isinstance(s.transport, CallTransport):
+        if s.id == call_id and isinstance(s, RealtimeSession) and isinstance(s.transport, CallLike):
             return s
     return None
 
@@ -92,7 +102,7 @@ async def run_sideband(ws: WebSocket, transport: WebSocketTransport, call_id: st
         )
         await transport.close(CLOSE_TRY_AGAIN, "call_not_found")
         return
-    assert isinstance(call.transport, CallTransport)
+    assert isinstance(call.transport, CallLike)
     call.transport.sidebands.add(transport)
     log.info("realtime call %s: sideband attached (%d)", call.id, len(call.transport.sidebands))
 
@@ -108,7 +118,7 @@ async def run_sideband(ws: WebSocket, transport: WebSocketTransport, call_id: st
             on_too_large=too_large,
         )
     finally:
-        if isinstance(call.transport, CallTransport):
+        if isinstance(call.transport, CallLike):
             call.transport.sidebands.discard(transport)
         await transport.close(CLOSE_TRY_AGAIN if transport.aborted else CLOSE_NORMAL)
         await transport.wait_closed()

@@ -2,8 +2,8 @@
 
 ``session.update`` is sparse (a field left out keeps its value, ``null`` resets it to the default here), and every
 ``session.updated`` echoes the whole effective configuration. What the engine honours is taken from here when the
-engine session opens (instructions, voice, turn-taking); what it cannot honour is accepted and echoed (tools,
-tracing, noise reduction, ...; docs/protocol.md, Realtime).
+engine session opens (instructions, voice, turn-taking, function tools); what it cannot honour is accepted and
+echoed (tracing, noise reduction, ...; docs/protocol.md, Realtime).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import msgspec
 from engine_bridge import protocol as p
 from livekit_omni.realtime import wire
 from livekit_omni.sessions.audio import WireFormat
+from livekit_omni.sessions.tools import tool_choice_spec, tool_defs
 
 DEFAULT_VOICE: Final = "marin"
 #: The dialect's default format, both ways: PCM16 mono at 24 kHz.
@@ -135,6 +136,10 @@ class RealtimeConfig:
                     param="session.temperature",
                 )
             c.temperature = t
+        if not isinstance(s.tools, msgspec.UnsetType):
+            tool_defs(s.tools, "session.tools")  # refused here, before anything changes
+        if not isinstance(s.tool_choice, msgspec.UnsetType):
+            tool_choice_spec(s.tool_choice, "session.tool_choice")
         for name in ("tools", "tool_choice", "tracing", "truncation", "prompt", "reasoning", "include"):
             v = getattr(s, name)
             if not isinstance(v, msgspec.UnsetType):
@@ -163,6 +168,15 @@ class RealtimeConfig:
         return c
 
     @property
+    def tool_defs(self) -> list[p.ToolDef]:
+        """The session's function tools as the engine takes them (checked by :meth:`apply`)."""
+        return tool_defs(self.tools, "session.tools")
+
+    @property
+    def tool_choice_spec(self) -> p.ToolChoiceSpec:
+        return tool_choice_spec(self.tool_choice, "session.tool_choice")
+
+    @property
     def token_cap(self) -> int:
         """The session's ``max_output_tokens`` as the engine takes it (0: no cap but the engine's own)."""
         return self.max_output_tokens if isinstance(self.max_output_tokens, int) else 0
@@ -182,6 +196,10 @@ class RealtimeConfig:
             changes["temperature"] = 0.0  # reset: the engine's spoken-reply decoding is greedy
         if self.token_cap != old.token_cap:
             changes["max_output_tokens"] = self.token_cap
+        if self.tool_defs != old.tool_defs:
+            changes["tools"] = self.tool_defs
+        if self.tool_choice_spec != old.tool_choice_spec:
+            changes["tool_choice"] = self.tool_choice_spec
         return changes
 
     @property

@@ -90,19 +90,44 @@ class ConversationItems:
         self._chars -= self.records.pop(item_id).chars
 
 
-def engine_text(it: wire.Item) -> tuple[p.AppendKind, str]:
-    """What an item puts into the engine's conversation: the append kind and its text."""
+@dataclass(frozen=True, slots=True)
+class ItemAppend:
+    """What an item puts into the engine's conversation: an ``AppendText`` of ``kind`` (nothing when it has no
+    text and no call)."""
+
+    kind: p.AppendKind
+    text: str
+    call_id: str = ""
+    call: p.ToolCallItem | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.text and self.call is None and self.kind != "tool_result"
+
+
+def engine_text(it: wire.Item, param: str = "item") -> ItemAppend:
+    """What ``it`` puts into the engine's conversation: a function call as the assistant's call, its output as the
+    tool's result (refused without a ``call_id``), a message as text of its role."""
+    if it.type in ("function_call", "function_call_output") and not it.call_id:
+        raise wire.WireError(
+            "missing_required_parameter", f"{it.type} needs a call_id", param=f"{param}.call_id"
+        )
     if it.type == "function_call_output":
-        return "thinking", f"Tool call {it.call_id} returned: {it.output or ''}"
+        return ItemAppend("tool_result", it.output or "", call_id=it.call_id or "")
     if it.type == "function_call":
-        return "thinking", f"Called tool {it.name} with {it.arguments or ''}"
+        if not it.name:
+            raise wire.WireError(
+                "missing_required_parameter", "function_call needs a name", param=f"{param}.name"
+            )
+        call = p.ToolCallItem(call_id=it.call_id or "", name=it.name, arguments=it.arguments or "{}")
+        return ItemAppend("tool_call", "", call=call)
     texts = [c.text or c.transcript or "" for c in it.content or [] if c.type != "input_image"]
     text = " ".join(t for t in texts if t).strip()
     if it.role == "assistant":
-        return "assistant", text
+        return ItemAppend("assistant", text)
     if it.role == "system":
-        return "thinking", text
-    return "user", text
+        return ItemAppend("thinking", text)
+    return ItemAppend("user", text)
 
 
 def stored_part(c: wire.ContentPart) -> wire.ContentPart:
@@ -111,6 +136,19 @@ def stored_part(c: wire.ContentPart) -> wire.ContentPart:
     if ctype == "text":
         ctype = "output_text"
     return wire.ContentPart(type=ctype, text=c.text, transcript=c.transcript)
+
+
+def function_call_item(call: p.ToolCallItem, *, status: str, arguments: str | None = None) -> wire.Item:
+    """The ``function_call`` item of a call the model made (``arguments``: None for the whole call's)."""
+    return wire.Item(
+        id=wire.new_id("item"),
+        type="function_call",
+        object="realtime.item",
+        status=status,
+        call_id=call.call_id,
+        name=call.name,
+        arguments=call.arguments if arguments is None else arguments,
+    )
 
 
 def snapshot(item: wire.Item, *, content: list[wire.ContentPart]) -> wire.Item:

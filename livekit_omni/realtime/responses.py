@@ -12,6 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from engine_bridge import protocol as p
 from livekit_omni.realtime import wire
 from livekit_omni.realtime.items import ItemRecord
 
@@ -47,6 +48,10 @@ class ResponseRecord:
     out_of_band: bool = False
     #: The engine stopped the reply at the client's ``max_output_tokens``: it ends ``incomplete``.
     capped: bool = False
+    #: The function calls the reply ended in (``function_call`` items after its message item).
+    calls: list[ItemRecord] = field(default_factory=list)
+    #: The response had tools of its own: the session's, which the engine lists again once it ends.
+    restore_tools: list[p.ToolDef] | None = None
 
     @property
     def audio(self) -> bool:
@@ -55,6 +60,11 @@ class ResponseRecord:
     @property
     def never_started(self) -> bool:
         return self.reply is None and time.monotonic() - self.created_at > RESPONSE_START_TIMEOUT_S
+
+    def output(self) -> list[wire.Item]:
+        """The response's output items: its message, then its function calls."""
+        head = [self.item.item] if self.item is not None else []
+        return head + [c.item for c in self.calls]
 
     def said(self) -> str:
         """The words of the answer so far (what the caller heard, for audio)."""
@@ -118,7 +128,7 @@ def response_wire(
         id=r.id,
         status=status,
         status_details=details,
-        output=[r.item.item] if r.item is not None else [],
+        output=r.output(),
         conversation_id=None if r.out_of_band else conversation_id,
         output_modalities=r.modalities,
         max_output_tokens=r.max_output_tokens,  # type: ignore[arg-type]

@@ -16,7 +16,11 @@ How the engine drives the table:
   the frames the output clock pulls (``response.output_audio.delta``), its text with the frame that plays it;
   ``response.done`` follows the reply's last frame (or at once when it is cut), so no delta ever follows it;
 * a barge-in bumps the epoch (the player drops the stale audio at its next frame) and ends the response
-  ``cancelled``/``turn_detected``; the engine keeps only the words that were sent in the conversation.
+  ``cancelled``/``turn_detected``; the engine keeps only the words that were sent in the conversation;
+* a reply that ends in a function call (``ReplyDone.tool_calls``) adds a ``function_call`` item to its response
+  (``output_item.added``, the arguments' ``delta``/``done``, ``output_item.done``, ``conversation.item.done``),
+  then ``response.done`` holds it. The client's ``function_call_output`` item is the tool's result in the engine's
+  conversation; its ``response.create`` asks for the answer built on it. A cut reply makes no call.
 
 The engine session opens lazily, at the first event that needs it (audio, an item, a response), so that the
 client's first ``session.update`` (instructions, voice, turn detection) is what the engine session opens with.
@@ -27,28 +31,47 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
+import msgspec
 import numpy as np
 
 from engine_bridge import protocol as p
 from engine_bridge.client import EngineSession
+from engine_bridge.control import EngineRequestError
 from engine_bridge.formats import FRAME_MS
 from livekit_omni.realtime import wire
 from livekit_omni.realtime.config import NO_TOKEN_CAP, RealtimeConfig, check_max_output_tokens
 from livekit_omni.realtime.input_buffer import COMMIT_FEED_SPEED, MIN_COMMIT_MS, InputBuffer, Write
-from livekit_omni.realtime.items import ConversationItems, ItemRecord, engine_text, snapshot, stored_part
+from livekit_omni.realtime.items import (
+    ConversationItems,
+    ItemAppend,
+    ItemRecord,
+    engine_text,
+    function_call_item,
+    snapshot,
+    stored_part,
+)
 from livekit_omni.realtime.responses import ResponseLog, ResponseRecord, keep_engine_text, response_wire
 from livekit_omni.sessions.audio import decode_audio
 from livekit_omni.sessions.base import ENGINE_REQUEST_TIMEOUT_S, DialectSession
 from livekit_omni.sessions.errors import WireError
 from livekit_omni.sessions.hub import SessionHub
 from livekit_omni.sessions.state import SessionState
+from livekit_omni.sessions.tools import engine_refusal, tool_choice_spec, tool_defs
 from livekit_omni.sessions.transport import Transport
 from media.egress import EgressPlayer, OutputFrame
 
 if TYPE_CHECKING:
-    from media.webrtc import WebRTCPeer
+    from collections.abc import Callable
+
+
+class TrackPeer(Protocol):
+    """A call's media peer whose caller audio can be diverted (a WebRTC ``WebRTCPeer``, a SIP call's ``RtpPeer``):
+    with ``input_sink`` set, decoded audio goes there instead of the ingress ring."""
+
+    input_sink: Callable[[np.ndarray, int], None] | None
+
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +110,7 @@ class RealtimeSession(DialectSession[wire.ClientEvent, wire.ServerEvent]):
         self._untranscribed: list[ItemRecord] = []
         #: Manual mode: the uncommitted input (appended bytes, or a WebRTC call's track audio).
         self._buffer = InputBuffer()
-        self._peer: WebRTCPeer | None = None
+        self._peer: TrackPeer | None = None
         self._input_ms = 0.0  # all audio appended, on the dialect's input clock
         #: Manual mode: engine input fed so far (ms), and the lock that keeps commits in order.
         self._fed_ms = 0.0
@@ -186,17 +209,42 @@ class RealtimeSession(DialectSession[wire.ClientEvent, wire.ServerEvent]):
                 "the output format cannot change once audio has been sent",
                 param="session.audio.output.format",
             )
+        if self.engine is None and (
+            new.tool_defs != old.tool_defs or new.tool_choice_spec != old.tool_choice_spec
+        ):
+            # Only the engine can tell whether its grammar library compiles a tool's schema: it opens now (with
+            # the configuration as it stands) and takes the tools as an update, refusing them before they are
+            # echoed, so the engine session never fails to open on them.
+            await self.ensure_engine()
         changes = new.engine_changes(old) if self.engine is not None else {}
         if changes and self.engine is not None:
             # The engine session is open: what changed reaches it (voice, turn-taking, temperature and the token
-            # cap from the next turn or reply on; instructions rebuild its system prompt, keeping the conversation).
-            await asyncio.wait_for(self.engine.update(**changes), ENGINE_REQUEST_TIMEOUT_S)
+            # cap from the next turn or reply on; instructions and tools rebuild its system prompt, keeping the
+            # conversation).
+            await self._engine_update(self.engine, "session.tools", **changes)
         self.config = new
         if self.bridge is not None and new.input_format != old.input_format:
             self.bridge.writer.set_format(new.input_format.encoding, new.input_format.rate)
         if "turn_taking" in changes:
             self._switch_turn_taking(manual=new.turn_detection is None)
         self.emit(wire.SessionUpdated(session=self._echo()))
+
+    @staticmethod
+    async def _engine_update(engine: EngineSession, param: str, **changes: object) -> None:
+        """``UpdateSession``; tools the engine refuses become the dialect's ``invalid_value`` on ``param``."""
+        try:
+            await asyncio.wait_for(engine.update(**changes), ENGINE_REQUEST_TIMEOUT_S)  # type: ignore[arg-type]
+        except EngineRequestError as e:
+            refusal = engine_refusal(e, param)
+            if refusal is None:
+                raise
+            raise refusal from e
+
+    async def _append_item(self, engine: EngineSession, a: ItemAppend) -> None:
+        if not a.empty:
+            await asyncio.wait_for(
+                engine.append_text(a.kind, a.text, call_id=a.call_id, call=a.call), ENGINE_REQUEST_TIMEOUT_S
+            )
 
     def _switch_turn_taking(self, *, manual: bool) -> None:
         """Turn detection changed mid-session. Into manual mode: the caller's turn in progress is no user item
@@ -211,8 +259,9 @@ class RealtimeSession(DialectSession[wire.ClientEvent, wire.ServerEvent]):
             self._buffer.clear()
         self._route_track()
 
-    def attach_peer(self, peer: WebRTCPeer) -> None:
-        """A WebRTC call's peer: in manual mode its audio is buffered here until the client commits a turn."""
+    def attach_peer(self, peer: TrackPeer) -> None:
+        """A call's media peer (WebRTC or SIP): in manual mode its audio is buffered here until the client commits
+        a turn."""
         self._peer = peer
         self._route_track()
 
@@ -240,6 +289,9 @@ class RealtimeSession(DialectSession[wire.ClientEvent, wire.ServerEvent]):
                     turn_taking=cfg.turn_taking(),
                     temperature=cfg.temperature,
                     max_output_tokens=cfg.token_cap,
+                    tools=cfg.tool_defs,
+                    tool_choice=cfg.tool_choice_spec,
+                    acknowledgement_delay_ms=self.settings.realtime_acknowledgement_delay_ms,
                 )
             )
             assert self.bridge is not None
@@ -358,12 +410,11 @@ class RealtimeSession(DialectSession[wire.ClientEvent, wire.ServerEvent]):
                 f"previous_item_id '{prev}' does not exist",
                 param="previous_item_id",
             )
-        kind, text = engine_text(it)
+        append = engine_text(it)
         if it.type in (None, "message") and it.role not in ("user", "assistant", "system"):
             raise WireError("invalid_value", "role is user, assistant or system", param="item.role")
         engine = await self.ensure_engine()
-        if text:
-            await asyncio.wait_for(engine.append_text(kind, text), ENGINE_REQUEST_TIMEOUT_S)
+        await self._append_item(engine, append)
         stored = wire.Item(
             id=item_id,
             type=it.type or "message",
@@ -414,24 +465,39 @@ class RealtimeSession(DialectSession[wire.ClientEvent, wire.ServerEvent]):
                 f"Conversation already has an active response in progress: {self.active.id}. "
                 "Wait until the response is finished before creating a new one.",
             )
+        # Checked before anything is created: a refused response.create leaves no response behind.
+        own_choice = (
+            tool_choice_spec(params.tool_choice, "response.tool_choice")
+            if params.tool_choice is not None
+            else None
+        )
+        own_tools = tool_defs(params.tools, "response.tools") if params.tools is not None else None
+        inputs = [engine_text(it, f"response.input[{i}]") for i, it in enumerate(params.input or [])]
         engine = await self.ensure_engine()
+        session_tools = self.config.tool_defs
+        swap = own_tools is not None and own_tools != session_tools
+        if swap:
+            # This response's own tools: the engine lists them until the response ends, then the session's again.
+            await self._engine_update(engine, "response.tools", tools=own_tools)
         r = self._new_response(params)
+        if swap:
+            r.restore_tools = session_tools
         self.emit(wire.ResponseCreated(response=self._response_wire(r, "in_progress")))
         extra = (params.instructions or "").strip()
         base = self.config.instructions.strip()
         if base and extra.startswith(base):
             # LiveKit sends the session instructions + "\n" + the extra ones: only the extra ones are new.
             extra = extra[len(base) :].strip()
-        for it in params.input or []:
-            kind, text = engine_text(it)
-            if text:
-                await asyncio.wait_for(engine.append_text(kind, text), ENGINE_REQUEST_TIMEOUT_S)
+        for append in inputs:
+            await self._append_item(engine, append)
         # The extra instructions hold for this response only: the engine removes them when the reply ends.
         if self._untranscribed and self.manual:
-            self.spawn(self._respond_after_transcript(engine, r, extra, self._reply_cap(params)))
+            self.spawn(self._respond_after_transcript(engine, r, extra, self._reply_cap(params), own_choice))
         else:
             await asyncio.wait_for(
-                engine.append_text("respond", extra, max_output_tokens=self._reply_cap(params)),
+                engine.append_text(
+                    "respond", extra, max_output_tokens=self._reply_cap(params), tool_choice=own_choice
+                ),
                 ENGINE_REQUEST_TIMEOUT_S,
             )
 
@@ -444,7 +510,12 @@ class RealtimeSession(DialectSession[wire.ClientEvent, wire.ServerEvent]):
         return cap if isinstance(cap, int) else NO_TOKEN_CAP
 
     async def _respond_after_transcript(
-        self, engine: EngineSession, r: ResponseRecord, extra: str, cap: int
+        self,
+        engine: EngineSession,
+        r: ResponseRecord,
+        extra: str,
+        cap: int,
+        choice: p.ToolChoiceSpec | None,
     ) -> None:
         """Manual mode: the committed turn's words must be in the conversation before the reply starts."""
         deadline = time.monotonic() + TRANSCRIPT_WAIT_S
@@ -456,7 +527,8 @@ class RealtimeSession(DialectSession[wire.ClientEvent, wire.ServerEvent]):
                 break
         if not r.finished and self.state is SessionState.ACTIVE:
             await asyncio.wait_for(
-                engine.append_text("respond", extra, max_output_tokens=cap), ENGINE_REQUEST_TIMEOUT_S
+                engine.append_text("respond", extra, max_output_tokens=cap, tool_choice=choice),
+                ENGINE_REQUEST_TIMEOUT_S,
             )
 
     def _new_response(self, params: wire.ResponseParams | None = None) -> ResponseRecord:
@@ -522,6 +594,8 @@ class RealtimeSession(DialectSession[wire.ClientEvent, wire.ServerEvent]):
         r.finished = True
         if self.active is r:
             self.active = None
+        if r.restore_tools is not None and self.engine is not None:
+            self.spawn(self._engine_update(self.engine, "session.tools", tools=r.restore_tools))
         td = self.config.turn_detection
         if td is not None and td.idle_timeout_ms:
             # The idle timer runs from the end of the response's audio (it just finished playing).
@@ -762,6 +836,46 @@ class RealtimeSession(DialectSession[wire.ClientEvent, wire.ServerEvent]):
             r.generated = True
             if r.text == "" and not r.audio:
                 r.text = ev.text
+            for call in ev.tool_calls:
+                self._add_call(r, call)
+
+    def _add_call(self, r: ResponseRecord, call: p.ToolCallItem) -> None:
+        """A function call the reply ended in: its item in the response and the conversation, with the events
+        the clients read the call from (``response.output_item.done`` is LiveKit's; the arguments' ``done`` is
+        the SDK's)."""
+        opened = function_call_item(call, status="in_progress", arguments="")
+        item = msgspec.structs.replace(opened, status="completed", arguments=call.arguments)
+        rec = ItemRecord(item=item)
+        index = len(r.output())
+        prev = self.items.last_id()
+        r.calls.append(rec)
+        self.emit(wire.OutputItemAdded(response_id=r.id, output_index=index, item=opened))
+        if not r.out_of_band:
+            self.items.remember(rec)
+            self.emit(wire.ItemAdded(item=opened, previous_item_id=prev))
+        item_id = item.id or ""
+        self.emit(
+            wire.FunctionCallArgumentsDelta(
+                response_id=r.id,
+                output_index=index,
+                item_id=item_id,
+                call_id=call.call_id,
+                delta=call.arguments,
+            )
+        )
+        self.emit(
+            wire.FunctionCallArgumentsDone(
+                response_id=r.id,
+                output_index=index,
+                item_id=item_id,
+                call_id=call.call_id,
+                name=call.name,
+                arguments=call.arguments,
+            )
+        )
+        self.emit(wire.OutputItemDone(response_id=r.id, output_index=index, item=item))
+        if not r.out_of_band:
+            self.emit(wire.ItemDone(item=item, previous_item_id=prev))
 
     # --- housekeeping and the end -------------------------------------------------------------------------
     def on_housekeeping(self, now: float) -> None:

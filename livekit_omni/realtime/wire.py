@@ -96,7 +96,7 @@ class SessionConfig(_Part):
     #: Not in the GA session (the beta dialect had it): accepted as an extension, honoured, echoed once set.
     temperature: float | Unset | None = UNSET
     audio: AudioConfig | Unset | None = UNSET
-    #: Accepted and echoed; this server never calls a tool (docs/protocol.md).
+    #: Function tools the model may call (docs/protocol.md, Realtime: Function tools).
     tools: list[dict[str, Any]] | Unset | None = UNSET
     tool_choice: str | dict[str, Any] | Unset | None = UNSET
     # Accepted, echoed, ignored.
@@ -341,6 +341,13 @@ class TimeoutTriggered(_Event, tag="input_audio_buffer.timeout_triggered"):
     item_id: str
 
 
+class DtmfEventReceived(_Event, tag="input_audio_buffer.dtmf_event_received"):
+    """A SIP caller's keypad press (``0``-``9``, ``*``, ``#``, ``A``-``D``); ``received_at`` in Unix seconds."""
+
+    event: str
+    received_at: int
+
+
 class ItemAdded(_Event, tag="conversation.item.added"):
     item: Item
     previous_item_id: str | None = None
@@ -518,6 +525,19 @@ class OutputTextDone(_InPart, kw_only=True, tag="response.output_text.done"):
     text: str
 
 
+class FunctionCallArgumentsDelta(_InResponse, kw_only=True, tag="response.function_call_arguments.delta"):
+    item_id: str
+    call_id: str
+    delta: str
+
+
+class FunctionCallArgumentsDone(_InResponse, kw_only=True, tag="response.function_call_arguments.done"):
+    item_id: str
+    call_id: str
+    name: str
+    arguments: str
+
+
 class ErrorDetail(msgspec.Struct, kw_only=True, omit_defaults=True):
     type: str
     code: str | None = None
@@ -538,6 +558,7 @@ ServerEvent = (
     | InputCommitted
     | InputCleared
     | TimeoutTriggered
+    | DtmfEventReceived
     | ItemAdded
     | ItemDone
     | ItemRetrieved
@@ -557,6 +578,8 @@ ServerEvent = (
     | OutputAudioTranscriptDone
     | OutputTextDelta
     | OutputTextDone
+    | FunctionCallArgumentsDelta
+    | FunctionCallArgumentsDone
     | OutputAudioBufferStarted
     | OutputAudioBufferStopped
     | OutputAudioBufferCleared

@@ -111,12 +111,20 @@ class SessionHub:
         except (ControlError, TimeoutError) as e:
             raise refused("engine_unavailable", f"the engine did not answer: {e}") from e
 
-    async def start_text(self, messages: list[p.TextMessage], sampling: p.TextSampling) -> TextStream:
-        """Start one text request (chat completions) on the engine's thinker. Raises
-        :class:`~livekit_omni.supervisor.EngineUnavailableError` when no ready engine is attached, and the engine
-        client's errors (``EngineRequestError``, ``EngineLostError``, ``RequestTimeout``) as they come."""
+    async def start_text(
+        self,
+        messages: list[p.TextMessage],
+        sampling: p.TextSampling,
+        *,
+        tools: list[p.ToolDef] | None = None,
+        tool_choice: p.ToolChoiceSpec | None = None,
+    ) -> TextStream:
+        """Start one text request (chat completions) on the engine's thinker, with the function ``tools`` its reply
+        may call. Raises :class:`~livekit_omni.supervisor.EngineUnavailableError` when no ready engine is attached,
+        and the engine client's errors (``EngineRequestError``, ``EngineLostError``, ``RequestTimeout``) as they
+        come."""
         client = self.supervisor.ready_client()
-        return await client.start_text(messages, sampling)
+        return await client.start_text(messages, sampling, tools=tools, tool_choice=tool_choice)
 
     # --- the open sessions ------------------------------------------------------------------------------------
     def add(self, s: HubSession) -> None:

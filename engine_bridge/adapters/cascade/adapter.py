@@ -32,6 +32,7 @@ import concurrent.futures
 import logging
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ import numpy.typing as npt
 from engine_bridge import protocol as p
 from engine_bridge.adapters.base import AdapterCaps, ModelAdapter
 from engine_bridge.adapters.cascade.text import TEXT_SID_PREFIX, TextCompletions
+from engine_bridge.adapters.cascade.tools import tool_choice, tool_specs, tools_problem
 from engine_bridge.adapters.cascade.turns import (
     BackchannelPolicy,
     CascadeSessionState,
@@ -89,7 +91,9 @@ class CascadeModels:
 
 class CascadeAdapter(ModelAdapter):
     name = "cascade"
-    caps = AdapterCaps(owns_turn_taking=False, resident_kv=True, exact_rollback=True, text_completions=True)
+    caps = AdapterCaps(
+        owns_turn_taking=False, resident_kv=True, exact_rollback=True, text_completions=True, tools=True
+    )
 
     def __init__(self, settings: EngineSettings, models: CascadeModels | None = None) -> None:
         super().__init__(settings)
@@ -148,6 +152,7 @@ class CascadeAdapter(ModelAdapter):
             context_limit=self.settings.thinker.max_model_len,
             examples=self._examples,
             eot=EotWorker(eot, given.eot_executor if given else None) if eot is not None else None,
+            tool_turn_full_window=self.settings.models.asr_window_tools == "full",
         )
         if self.settings.thinker.max_text_requests > 0:
             self.text = TextCompletions(
@@ -240,7 +245,11 @@ class CascadeAdapter(ModelAdapter):
         vs, barge, spec, eot = self._vad_settings(session)
         history = [Message(role=t.role, text=t.text) for t in session.config.history]
         self.thinker.open(
-            session.id, session.config.instructions or None, history or None, examples=self._examples
+            session.id,
+            session.config.instructions or None,
+            history or None,
+            examples=self._examples,
+            tools=tool_specs(session.config.tools),  # checked by check_tools before the session was admitted
         )
         auto_reply = session.config.turn_taking.auto_reply is not False
         if not auto_reply:
@@ -258,11 +267,19 @@ class CascadeAdapter(ModelAdapter):
             eot=eot,
             temperature=session.config.temperature,
             max_output_tokens=session.config.max_output_tokens,
+            tool_choice=tool_choice(session.config.tool_choice),
+            instructions=session.config.instructions,
+            ack_delay_ms=session.config.acknowledgement_delay_ms,
         )
         st.voice, st.tts = self.voice(session.config.voice)
         self.machine.open(session, st)
         self._publish_settings(session, st)
         self._refresh_kv()
+
+    def check_tools(self, tools: Sequence[p.ToolDef], choice: p.ToolChoiceSpec) -> str | None:
+        if self.thinker is None:
+            return "the engine is not loaded"
+        return tools_problem(self.thinker, tools, choice)
 
     def voice(self, name: str) -> tuple[str, Synthesizer | None]:
         """The voice a session asked for by name: an installed espeak-ng voice ("en", "en-us", "de", "fr", ...)

@@ -84,6 +84,8 @@ class Reply:
     #: generation stopped there (``ReplyDone.capped``).
     client_cap: bool = False
     capped: bool = False
+    #: The function call the reply ended in (``ReplyDone.tool_calls``; a reply cut before it ends makes none).
+    tool_call: p.ToolCallItem | None = None
     phase: ReplyPhase = ReplyPhase.NEW
     # --- scheduler thread -------------------------------------------------------------------------------------
     splitter: ClauseSplitter = field(default_factory=ClauseSplitter)
@@ -141,6 +143,7 @@ class Reply:
                     text=self.text.strip(),
                     total_samples=self.samples,
                     capped=self.capped,
+                    tool_calls=[self.tool_call] if self.tool_call is not None else [],
                     **self._usage(),
                 )
             )

@@ -19,6 +19,13 @@ turn makes short. Batching text into the voice steps up to a cap was the alterna
 change of the batch regroups the KV (a copy of every row), and a bigger batch makes each voice token slower, which
 is exactly the delay this rule avoids. While voice audio plays (TTS of later clauses, the caller listening),
 text runs at full speed.
+
+Function tools. A request with tools opens its thinker session with them (``thinker.open(..., tools=...)``) and
+decodes with its tool choice; tools the thinker cannot constrain a call to are refused (``INVALID_TOOLS``) before
+anything is opened. The history's calls are written as the model writes them (``tool_format.render_call``) and
+a ``tool`` message is the format's tool result. Only what the reply says goes out as TextDelta (the thinker never
+puts a call's text in ``StepOutput.text``); a reply that ends in a call ends with ``TextDone(finish_reason=
+"tool_calls", tool_calls=[...])``. One call per reply (the grammar stops after the first).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from engine_bridge.thinker.base import (
     ThinkerCapacityError,
     ThinkerError,
 )
+from engine_bridge.thinker.tools import ToolCall, ToolCallFormat, ToolChoice, ToolSchemaError, ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -85,19 +93,57 @@ class _Running:
     prompt_tokens: int
     cached_tokens: int
     stop: StopMatcher
+    #: The most tokens the completion may have, its call included (the client's ``max_tokens``, or the room left).
+    max_tokens: int
     completion_tokens: int = 0
     done: p.TextDone | None = field(default=None)
 
 
-def to_messages(messages: list[p.TextMessage]) -> tuple[str | None, list[Message]]:
+def _history_message(m: p.TextMessage, fmt: ToolCallFormat) -> Message:
+    if m.role == "system":
+        return Message("developer", m.text)
+    if m.role == "assistant" and m.tool_calls:
+        # A message that made calls is what the model wrote: its words, then each call in the model's format.
+        calls = "\n".join(fmt.render_call(ToolCall(c.call_id, c.name, c.arguments)) for c in m.tool_calls)
+        words = m.text.strip()
+        return Message("assistant", f"{words}\n{calls}" if words else calls)
+    return Message(m.role, m.text)  # "tool": the thinker wraps it as the format's tool result
+
+
+def to_messages(messages: list[p.TextMessage], fmt: ToolCallFormat) -> tuple[str | None, list[Message]]:
     """Chat messages → (instructions, history) of a thinker session: a leading system message becomes the
-    session's system segment, later system messages become developer context (rendered as system turns)."""
+    session's system segment, later system messages become developer context (rendered as system turns); an
+    assistant message's calls are written in the model's tool format ``fmt``, a tool message is the format's tool
+    result."""
     instructions: str | None = None
     rest = messages
     if messages and messages[0].role in ("system", "developer"):
         instructions, rest = messages[0].text, messages[1:]
-    history = [Message("developer" if m.role == "system" else m.role, m.text) for m in rest]
-    return instructions, history
+    return instructions, [_history_message(m, fmt) for m in rest]
+
+
+def to_tools(req: TextRequest) -> tuple[list[ToolSpec], ToolChoice]:
+    """The request's tools and tool choice as the thinker's; raises ToolSchemaError for what it cannot use (a bad
+    name, a parameters schema that is not a JSON schema, a choice that names no tool or needs tools)."""
+    tools = [ToolSpec(t.name, t.description, t.parameters) for t in req.tools]
+    choice = ToolChoice(req.tool_choice.mode, req.tool_choice.name)
+    choice.check(tools)
+    return tools, choice
+
+
+def reply_budget(room: int, cap: int, choice: ToolChoice | None) -> tuple[int, int]:
+    """``(max_tokens, max_call_tokens)`` of a reply that may have ``room`` tokens and its client ``cap`` (at most
+    ``room``): words and a call together fit in ``room`` (the thinker never trims a text request's history to
+    make room), and the driver ends the completion at ``cap`` tokens in all (``_Running.max_tokens``). ``choice``
+    None: no tools. ``room`` must be at least 2 with tools."""
+    if choice is None:
+        return cap, 1
+    if choice.mode == "none":
+        return min(cap, room - 1), 1
+    if choice.mode in ("required", "function"):
+        return 1, min(cap, room - 1)  # the reply is the call from its first token
+    call = min(cap, max(1, room // 2))
+    return min(cap, room - call), call
 
 
 class TextCompletions:
@@ -183,16 +229,28 @@ class TextCompletions:
             req.refuse(p.ErrorCode.INVALID_REQUEST, "aborted before it started")
             return
         thinker = self.thinker
-        instructions, history = to_messages(req.messages)
+        tools: list[ToolSpec] = []
+        choice: ToolChoice | None = None
+        if req.tools or req.tool_choice.mode != "auto":
+            try:
+                tools, choice = to_tools(req)
+                if tools:
+                    thinker.check_tools(tools, choice)  # compiles the grammar: refused here, never mid-reply
+            except ToolSchemaError as e:
+                self._refuse(req, p.ErrorCode.INVALID_TOOLS, str(e))
+                return
+        if not tools:
+            choice = None  # no tools: an unconstrained reply whatever the choice ("auto" and "none" alike)
+        instructions, history = to_messages(req.messages, thinker.tool_format)
         s = req.sampling
         try:
-            prompt = thinker.prompt_length(instructions, history)
+            prompt = thinker.prompt_length(instructions, history, tools)
         except ValueError as e:
             self._refuse(req, p.ErrorCode.INVALID_REQUEST, str(e))
             return
         limit = thinker.caps.max_context
         room = limit - prompt - thinker.reply_footer_length()
-        if room < 1:
+        if room < (2 if tools else 1):
             self._refuse(
                 req,
                 p.ErrorCode.CONTEXT_LENGTH_EXCEEDED,
@@ -206,17 +264,20 @@ class TextCompletions:
             )
             return
         max_tokens = min(s.max_tokens, room) if s.max_tokens is not None else room
+        words, call = reply_budget(room, max_tokens, choice)
         decoding = DecodingSettings(
-            max_tokens=max_tokens,
+            max_tokens=words,
             temperature=s.temperature,
             top_p=s.top_p,
             repetition_penalty=1.0,
             max_sentences=None,  # text runs to EOS / max_tokens / a stop string, not to a sentence end
             seed=s.seed,
+            tool_choice=choice,
+            max_call_tokens=call,
         )
         sid = TEXT_SID_PREFIX + req.request_id
         try:
-            thinker.open(sid, instructions, history, decoding=decoding)
+            thinker.open(sid, instructions, history, decoding=decoding, tools=tools)
             # KV reused instead of computed for the prompt: 0 on the torch backend (no cache across sessions);
             # on vLLM, its prefix-cache hits for this request.
             cached = max(0, len(thinker.log(sid)) - thinker.stats(sid).prefill_tokens_last_append)
@@ -225,11 +286,15 @@ class TextCompletions:
             thinker.close(sid)
             self._refuse(req, p.ErrorCode.CAPACITY_EXCEEDED, str(e))
             return
+        except ToolSchemaError as e:  # checked above; open checks again
+            thinker.close(sid)
+            self._refuse(req, p.ErrorCode.INVALID_TOOLS, str(e))
+            return
         except (ThinkerError, ValueError) as e:
             thinker.close(sid)
             self._refuse(req, p.ErrorCode.INVALID_REQUEST, str(e))
             return
-        run = _Running(req, sid, prompt, cached, StopMatcher(s.stop))
+        run = _Running(req, sid, prompt, cached, StopMatcher(s.stop), max_tokens)
         self._running[sid] = run
         req.status = TextStatus.RUNNING
         req.admitted.set_result(
@@ -267,11 +332,16 @@ class TextCompletions:
             self._send(run, text)
             self._end(run, "stop")
             return
-        if out.done:
+        cut = not out.done and run.completion_tokens >= run.max_tokens  # words and a call, in all
+        if out.done or cut:
             text += run.stop.flush()
         self._send(run, text)
-        if out.done:
-            self._end(run, "length" if out.finish_reason == "length" else "stop")
+        if out.tool_call is not None:
+            call = out.tool_call
+            item = p.ToolCallItem(call_id=call.call_id, name=call.name, arguments=call.arguments)
+            self._end(run, "tool_calls", calls=[item])
+        elif out.done or cut:
+            self._end(run, "length" if cut or out.finish_reason == "length" else "stop")
 
     @staticmethod
     def _send(run: _Running, text: str) -> None:
@@ -280,7 +350,14 @@ class TextCompletions:
                 p.TextDelta(request_id=run.req.request_id, text=text, completion_tokens=run.completion_tokens)
             )
 
-    def _end(self, run: _Running, reason: p.TextFinish, error: str = "") -> None:
+    def _end(
+        self,
+        run: _Running,
+        reason: p.TextFinish,
+        error: str = "",
+        *,
+        calls: list[p.ToolCallItem] | None = None,
+    ) -> None:
         self._running.pop(run.sid, None)
         self.thinker.close(run.sid)  # frees the KV now (a reply in progress is dropped with it)
         self.completed += 1
@@ -293,6 +370,7 @@ class TextCompletions:
                 completion_tokens=run.completion_tokens,
                 cached_tokens=run.cached_tokens,
                 error=error,
+                tool_calls=calls or [],
             )
         )
 
@@ -305,4 +383,12 @@ class TextCompletions:
             self._end(run, "error", reason)
 
 
-__all__ = ["TEXT_SID_PREFIX", "StopMatcher", "TextCompletions", "TextRefused", "to_messages"]
+__all__ = [
+    "TEXT_SID_PREFIX",
+    "StopMatcher",
+    "TextCompletions",
+    "TextRefused",
+    "reply_budget",
+    "to_messages",
+    "to_tools",
+]

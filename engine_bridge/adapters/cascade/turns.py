@@ -59,6 +59,7 @@ from engine_bridge.adapters.cascade.telemetry import (
     publish_turn,
     turn_record,
 )
+from engine_bridge.adapters.cascade.tools import call_item, thinker_call, tool_choice, tool_specs
 from engine_bridge.adapters.cascade.workers import AsrWorker, EotWorker, TtsWorker
 from engine_bridge.formats import ENGINE_OUTPUT_RATE, samples_to_ms
 from engine_bridge.reply import ReplyPhase
@@ -73,12 +74,13 @@ from engine_bridge.session import (
     TextAppend,
     TruncateRequest,
 )
-from engine_bridge.speech.asr import Decoding, Transcript
+from engine_bridge.speech.asr import DEFAULT_DECODING, Decoding, Transcript
 from engine_bridge.speech.text import clean_for_tts, early_first_clause_ready, normalize_text, text_words
 from engine_bridge.speech.tts import OutputResampler, Synthesizer
 from engine_bridge.speech.vad import SpeechStarted, SpeechStopped, TurnDetector, TurnEvent
 from engine_bridge.thinker.base import DecodingSettings, Message, StepOutput, ThinkerBackend
 from engine_bridge.thinker.base import Role as ThinkerRole
+from engine_bridge.thinker.tools import TOOL_CHOICE_AUTO, ToolChoice, ToolSpec
 from engine_bridge.thinker.turns import reinstruct
 
 log = logging.getLogger(__name__)
@@ -89,9 +91,13 @@ _THINKER_ROLE: Final[dict[Role, ThinkerRole]] = {
     Role.DEVELOPER: "developer",
     Role.USER: "user",
     Role.ASSISTANT: "assistant",
+    Role.TOOL: "tool",
 }
 
 COMMENTARY_PROMPT: Final = "Say the following to the caller now, briefly and in your own words: "
+#: What the caller hears while a function call's result is awaited (``acknowledgement_delay_ms``): said as it is,
+#: not generated, so it is short and the same every time.
+ACKNOWLEDGEMENT: Final = "One moment, please."
 SPEAK_NOW_PROMPT: Final = "Speak to the caller now, briefly, without waiting for them to speak first."
 
 
@@ -145,6 +151,8 @@ BACKCHANNEL_MAX_TOKENS: Final = 12
 BACKCHANNEL_DECODING: Final = Decoding(
     prompt=BACKCHANNEL_PROMPT, word_times=False, max_tokens=BACKCHANNEL_MAX_TOKENS
 )
+#: A caller turn of a session with tools: whisper's whole window (its words become arguments; speech/asr.py).
+TOOL_TURN_DECODING: Final = Decoding(full_window=True)
 #: A hum as whisper writes it ("Mm-", "M-H-M", "Hm"): letters m and h only, each word a backchannel.
 _HUM_WORD: Final = re.compile(r"[mh]+")
 
@@ -273,10 +281,13 @@ class PendingCheck:
 class ContextNote:
     """Text for the conversation that waits until no reply runs (a reply's KV must not change under it)."""
 
-    role: Literal["user", "developer", "assistant"]
+    role: Literal["user", "developer", "assistant", "tool"]
     text: str
     #: For the next reply only (the Realtime dialect's per-response instructions): removed once it ends.
     transient: bool = False
+    #: An assistant note that is a function call (``text``: words said before it); a tool note's call.
+    call: p.ToolCallItem | None = None
+    call_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,13 +297,17 @@ class SpeakRequest:
 
     #: The reply's own token cap (0: the session's).
     max_output_tokens: int = 0
+    #: The reply's own tool choice (None: the session's).
+    tool_choice: p.ToolChoiceSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class InstructionsChange:
-    """New session instructions: the thinker's system segment is rebuilt once no reply runs."""
+    """New session instructions or tools (None: unchanged): the thinker's system segment, which lists the tools,
+    is rebuilt once no reply runs."""
 
-    text: str
+    text: str | None = None
+    tools: tuple[ToolSpec, ...] | None = None
 
 
 Pending = ContextNote | SpeakRequest | TruncateRequest | InstructionsChange
@@ -312,6 +327,16 @@ class CascadeSessionState(AdapterState):
     #: a token cap per reply (0: the default's ``max_tokens``). ``UpdateSession`` changes them.
     temperature: float | None = None
     max_output_tokens: int = 0
+    #: Whether the session's replies may, may not or must call one of its tools (a reply's own choice wins).
+    tool_choice: ToolChoice = TOOL_CHOICE_AUTO
+    #: The session's instructions as the client gave them (the system segment also lists the tools).
+    instructions: str = ""
+    #: Spoken acknowledgement of a call whose result is awaited: the delay (-1: none), when it is due (None: none
+    #: pending) and the calls it waits on (a result for any of them, other words for the caller, or a reply
+    #: starting cancel it).
+    ack_delay_ms: int = -1
+    ack_due: float | None = None
+    ack_calls: set[str] = field(default_factory=set)
     #: The session's voice: its synthesizer (None: the engine's default TTS) and name, for the next reply.
     tts: Synthesizer | None = None
     voice: str = ""
@@ -500,6 +525,7 @@ class TurnMachine:
         context_limit: int,
         examples: Sequence[Message] = (),
         eot: EotWorker | None = None,
+        tool_turn_full_window: bool = True,
     ) -> None:
         self.thinker = thinker
         self.asr = asr
@@ -510,6 +536,8 @@ class TurnMachine:
         self.context_limit = context_limit
         #: The example turns sessions open with (kept when new instructions rebuild the system segment).
         self.examples = tuple(examples)
+        #: Caller turns of sessions with tools get whisper's whole window (``models.asr_window_tools``).
+        self.tool_turn_full_window = tool_turn_full_window
 
     def open(self, session: DuplexSession, st: CascadeSessionState) -> None:
         session.adapter_state = st
@@ -595,7 +623,10 @@ class TurnMachine:
         st.turn = CallerTurn(job, start_ms, end_ms, phase, at_wall=at)
         if phase is TurnPhase.FINAL:
             st.turn.endpoint_wall = at
-        self.asr.submit(session, job, audio)
+        # A session with tools turns the caller's words into a tool's arguments (a city, a date, an order number):
+        # its turns get whisper's whole window, which hears more names right than the fitted one, for ~0.5 s more.
+        full = self.tool_turn_full_window and bool(self.thinker.session_tools(session.id))
+        self.asr.submit(session, job, audio, TOOL_TURN_DECODING if full else DEFAULT_DECODING)
 
     def _discard_speculation(self, session: DuplexSession, st: CascadeSessionState) -> None:
         turn = st.turn
@@ -771,6 +802,8 @@ class TurnMachine:
                 st.watch.finished_at_ms = turn.end_ms
 
     def _on_text(self, session: DuplexSession, st: CascadeSessionState, msg: TextAppend) -> None:
+        if msg.kind in ("instructions", "thinking", "commentary", "speak_now"):
+            st.ack_due = None  # the client gave the caller (or the model) other words: no acknowledgement
         if msg.kind in ("instructions", "thinking"):
             if msg.text:
                 st.pending.append(ContextNote("developer", msg.text))
@@ -780,7 +813,15 @@ class TurnMachine:
         elif msg.kind == "respond":
             if msg.text:
                 st.pending.append(ContextNote("developer", msg.text, transient=True))
-            st.pending.append(SpeakRequest(msg.max_output_tokens))
+            st.pending.append(SpeakRequest(msg.max_output_tokens, msg.tool_choice))
+        elif msg.kind == "tool_call":
+            if msg.call is not None:
+                st.pending.append(ContextNote("assistant", msg.text, call=msg.call))
+        elif msg.kind == "tool_result":
+            st.pending.append(ContextNote("tool", msg.text, call_id=msg.call_id))
+            st.ack_calls.discard(msg.call_id)
+            if not st.ack_calls:
+                st.ack_due = None
         else:
             prompt = COMMENTARY_PROMPT + msg.text if msg.text else SPEAK_NOW_PROMPT
             st.pending.append(ContextNote("developer", prompt))
@@ -789,9 +830,7 @@ class TurnMachine:
             self._flush_context(session, st)
             asked = self._take_speak_request(st)
             if asked is not None:
-                self._start_reply(
-                    session, st, user_text=None, turn=None, max_output_tokens=asked.max_output_tokens
-                )
+                self._start_reply(session, st, user_text=None, turn=None, asked=asked)
 
     def _on_settings(self, session: DuplexSession, st: CascadeSessionState, u: p.UpdateSession) -> None:
         """``UpdateSession`` (the adapter applied its turn-taking already): decoding from the next reply on; new
@@ -800,8 +839,13 @@ class TurnMachine:
             st.temperature = u.temperature
         if u.max_output_tokens is not None:
             st.max_output_tokens = u.max_output_tokens
-        if u.instructions is not None:
-            st.pending.append(InstructionsChange(u.instructions))
+        if u.tool_choice is not None:
+            st.tool_choice = tool_choice(u.tool_choice)  # checked against the tools by the engine core
+        if u.acknowledgement_delay_ms is not None:
+            st.ack_delay_ms = u.acknowledgement_delay_ms
+        if u.instructions is not None or u.tools is not None:
+            tools = tool_specs(u.tools) if u.tools is not None else None
+            st.pending.append(InstructionsChange(u.instructions, tools))
             if st.reply is None:
                 self._flush_context(session, st)
 
@@ -810,44 +854,59 @@ class TurnMachine:
         for note in st.pending:
             if isinstance(note, ContextNote):
                 start = len(self.thinker.log(session.id))
-                self.thinker.append(session.id, note.role, note.text, epoch=session.epoch)
                 seg = Segment(
                     Role(note.role),
                     note.text,
                     session.epoch,
                     token_start=start,
-                    token_end=len(self.thinker.log(session.id)),
+                    tool_call=note.call,
+                    call_id=note.call_id,
                 )
+                self.thinker.append(session.id, note.role, self._thinker_text(seg), epoch=session.epoch)
+                seg.token_end = len(self.thinker.log(session.id))
                 session.log.append(seg)
                 if note.transient:
                     st.transient.append(seg)
             elif isinstance(note, TruncateRequest):
                 self._truncate(session, note)
             elif isinstance(note, InstructionsChange):
-                self._reinstruct(session, note.text)
+                self._reinstruct(session, st, note)
         st.pending = [x for x in st.pending if isinstance(x, SpeakRequest)]
 
-    def _reinstruct(self, session: DuplexSession, instructions: str) -> None:
-        """New instructions become the system segment: the thinker session is re-opened with them and the
-        conversation as its history (:func:`~engine_bridge.thinker.turns.reinstruct`: one prefill of the whole log,
-        timed in the session stats), and the conversation log's segments are placed on the new token log.
+    def _thinker_text(self, seg: Segment) -> str:
+        """What a conversation segment is in the thinker's log: its text, and for an assistant segment that made
+        a function call, the call as the model's tool format writes it after the words."""
+        if seg.tool_call is None:
+            return seg.text
+        call = self.thinker.tool_call_text(thinker_call(seg.tool_call))
+        return f"{seg.text} {call}" if seg.text else call
+
+    def _reinstruct(
+        self, session: DuplexSession, st: CascadeSessionState, change: InstructionsChange
+    ) -> None:
+        """New instructions or tools become the system segment: the thinker session is re-opened with them and
+        the conversation as its history (:func:`~engine_bridge.thinker.turns.reinstruct`: one prefill of the whole
+        log, timed in the session stats), and the conversation log's segments are placed on the new token log.
         Instructions the thinker cannot take (too long for its context) leave the old ones, with a non-fatal
         ``SessionError``."""
         thinker = self.thinker
         sid = session.id
         t0 = time.perf_counter()
-        old = thinker.log(sid).segments
-        previous = old[0].text if old and old[0].role == "system" else None
+        previous = st.instructions
+        instructions = previous if change.text is None else change.text
         conversation = [seg for seg in session.log if seg.role is not Role.SYSTEM]
-        said = [seg for seg in conversation if seg.text]
+        said = [seg for seg in conversation if seg.text or seg.tool_call is not None]
         problem = reinstruct(
             thinker,
             sid,
             instructions,
-            [Message(_THINKER_ROLE[seg.role], seg.text) for seg in said],
+            [Message(_THINKER_ROLE[seg.role], self._thinker_text(seg)) for seg in said],
             previous=previous,
             examples=self.examples,
+            tools=change.tools,
         )
+        if not problem:
+            st.instructions = instructions
         if problem:
             session.emit(
                 p.SessionError(
@@ -875,7 +934,7 @@ class TurnMachine:
                 tok = next(placed)
                 seg.token_start, seg.token_end = tok.start, tok.end
                 pos = tok.end
-            elif seg.text or i < first_kept:
+            elif seg.text or seg.tool_call is not None or i < first_kept:
                 continue  # trimmed
             else:
                 seg.token_start = seg.token_end = pos
@@ -929,8 +988,8 @@ class TurnMachine:
             if id(seg) in drop:
                 continue
             seg.token_start = len(thinker.log(session.id))
-            if seg.text:
-                thinker.append(session.id, seg.role.value, seg.text, epoch=seg.epoch)
+            if seg.text or seg.tool_call is not None:
+                thinker.append(session.id, seg.role.value, self._thinker_text(seg), epoch=seg.epoch)
             seg.token_end = len(thinker.log(session.id))
             kept.append(seg)
         # One slice assignment: a stats snapshot taken meanwhile (engine core thread) sees the old or the new log.
@@ -944,18 +1003,23 @@ class TurnMachine:
         return asked
 
     def _decoding(
-        self, session: DuplexSession, st: CascadeSessionState, cap: int
+        self, session: DuplexSession, st: CascadeSessionState, asked: SpeakRequest | None
     ) -> tuple[DecodingSettings, bool]:
-        """The reply's decoding: the thinker's spoken-reply default with the session's temperature and the
-        tightest token cap in force; and whether that cap is the client's (a reply stopped by it is ``capped``)."""
+        """The reply's decoding: the thinker's spoken-reply default with the session's temperature, the tightest
+        token cap in force and the reply's tool choice (its own, else the session's); and whether that cap is the
+        client's (a reply stopped by it is ``capped``)."""
         base = self.thinker.session_decoding(session.id)
-        cap = cap or st.max_output_tokens
+        cap = (asked.max_output_tokens if asked else 0) or st.max_output_tokens
         client_cap = 0 < cap < base.max_tokens
         changes: dict[str, Any] = {}
         if client_cap:
             changes["max_tokens"] = cap
         if st.temperature is not None:
             changes["temperature"] = st.temperature
+        own = asked.tool_choice if asked is not None else None
+        choice = tool_choice(own) if own is not None else st.tool_choice
+        if choice != base.tool_choice:
+            changes["tool_choice"] = choice
         return (dataclasses.replace(base, **changes) if changes else base), client_cap
 
     # --- replies ------------------------------------------------------------------------------------------------
@@ -966,7 +1030,7 @@ class TurnMachine:
         *,
         user_text: str | None,
         turn: CallerTurn | None,
-        max_output_tokens: int = 0,
+        asked: SpeakRequest | None = None,
     ) -> None:
         thinker = self.thinker
         self._flush_context(session, st)
@@ -996,29 +1060,57 @@ class TurnMachine:
                 "log_before": user_ckpt,
                 "trimmed": int(res.trimmed),
             }
-        decoding, client_cap = self._decoding(session, st, max_output_tokens)
-        tts = st.tts or self.tts.tts
+        decoding, client_cap = self._decoding(session, st, asked)
         ckpt = thinker.begin_reply(session.id, epoch=session.epoch, decoding=decoding)
+        r = self._new_reply(session, st, ckpt.log_len, user_ckpt, log_mark, decoding.temperature)
+        r.append_stats, r.client_cap = append_stats, client_cap
+        st.reply = r
+        st.ack_due = None  # the caller hears a reply: no acknowledgement of an earlier call
+        # A speculative reply is not audible: the caller resuming speech discards it, it is no barge-in.
+        confirmed = turn is None or turn.phase.confirmed
+        r.advance(ReplyPhase.GENERATING if confirmed else ReplyPhase.SPECULATIVE)
+
+    def _new_reply(
+        self,
+        session: DuplexSession,
+        st: CascadeSessionState,
+        ckpt_log_len: int,
+        user_ckpt: int | None,
+        log_mark: int,
+        temperature: float,
+    ) -> Reply:
+        """The next turn's reply, voiced by the session's voice."""
+        tts = st.tts or self.tts.tts
         session.turn_id += 1
         session.stats.turns += 1
-        r = Reply(
+        return Reply(
             session=session,
             turn_id=session.turn_id,
             epoch=session.epoch,
-            ckpt_log_len=ckpt.log_len,
+            ckpt_log_len=ckpt_log_len,
             user_ckpt_log_len=user_ckpt,
             log_mark=log_mark,
             resampler=OutputResampler(tts.sample_rate, ENGINE_OUTPUT_RATE),
             tts=tts,
             voice=st.voice,
-            temperature=decoding.temperature,
-            append_stats=append_stats,
-            client_cap=client_cap,
+            temperature=temperature,
         )
+
+    def _acknowledge(self, session: DuplexSession, st: CascadeSessionState) -> None:
+        """Say :data:`ACKNOWLEDGEMENT` as a reply of its own (into the conversation as the assistant's words, so
+        the model knows it was said), while a call's result is awaited past the session's delay."""
+        st.ack_due = None
+        st.ack_calls.clear()
+        self._flush_context(session, st)
+        ckpt = len(self.thinker.log(session.id))
+        self.thinker.append(session.id, "assistant", ACKNOWLEDGEMENT, epoch=session.epoch)
+        r = self._new_reply(session, st, ckpt, None, len(session.log), 0.0)
         st.reply = r
-        # A speculative reply is not audible: the caller resuming speech discards it, it is no barge-in.
-        confirmed = turn is None or turn.phase.confirmed
-        r.advance(ReplyPhase.GENERATING if confirmed else ReplyPhase.SPECULATIVE)
+        r.advance(ReplyPhase.GENERATING)
+        r.text = ACKNOWLEDGEMENT
+        r.advance(ReplyPhase.VOICING)
+        self._speak(r, ACKNOWLEDGEMENT)
+        session.stats.extra["acknowledgements"] = session.stats.extra.get("acknowledgements", 0) + 1
 
     def _on_barge_in(
         self,
@@ -1112,6 +1204,11 @@ class TurnMachine:
                 generating.append((s, st, r))
             elif r is not None:
                 worked |= self._maybe_finish(s, st, r)
+            elif (
+                st.ack_due is not None and now >= st.ack_due and st.turn is None and not st.detector.in_speech
+            ):
+                self._acknowledge(s, st)
+                worked = True
             if now - st.last_usage >= USAGE_EVERY_S:
                 st.last_usage = now
                 emit_usage(s, self.thinker, self.context_limit)
@@ -1138,6 +1235,8 @@ class TurnMachine:
             r.text += out.text
         if out.done:
             r.capped = r.client_cap and out.finish_reason == "length"
+            if out.tool_call is not None:
+                r.tool_call = call_item(out.tool_call)
             clauses += r.splitter.flush()
             r.advance(ReplyPhase.HELD if r.phase is ReplyPhase.SPECULATIVE else ReplyPhase.VOICING)
             self.thinker.end_reply(session.id, None)
@@ -1174,21 +1273,25 @@ class TurnMachine:
                 audio_end_ms=samples_to_ms(r.samples, ENGINE_OUTPUT_RATE),
                 token_start=r.ckpt_log_len,
                 token_end=len(self.thinker.log(session.id)),
+                tool_call=r.tool_call,
             )
         )
         self._drop_transient(session, st)
-        r.advance(ReplyPhase.DONE)
+        # The turn's record and the thinker's figures are in the stats before ReplyDone leaves: a client that asks
+        # for stats when it sees ReplyDone gets this turn (the event reaches it while this thread runs on).
         rec = turn_record(r, st.turn)
         if st.turn is not None and st.turn.pause_ms is not None:
             rec["silence_ms"] = st.turn.pause_ms  # the silence that endpointed the caller's turn
         publish_turn(session, st.turn_records, rec, self.thinker)
+        r.advance(ReplyPhase.DONE)
+        if r.tool_call is not None and st.ack_delay_ms >= 0:
+            st.ack_due = time.monotonic() + st.ack_delay_ms / 1000
+            st.ack_calls = {r.tool_call.call_id}
         st.turn = None
         self._flush_context(session, st)
         asked = self._take_speak_request(st)
         if asked is not None:
-            self._start_reply(
-                session, st, user_text=None, turn=None, max_output_tokens=asked.max_output_tokens
-            )
+            self._start_reply(session, st, user_text=None, turn=None, asked=asked)
         else:
             session.set_state(
                 p.SessionState.USER_SPEAKING if st.detector.in_speech else p.SessionState.LISTENING
