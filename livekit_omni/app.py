@@ -185,4 +185,4 @@ async def drain_app(app: Starlette) -> int:
     drain: Drain = app.state.drain
     drain.begin()
     await hub.end_detached()  # no client to finish them; a detach from now on ends the session instead
-    return await drain.run(hub.sessions, hub.close_all)
+    return await drain.run(hub.held, hub.close_all)

@@ -11,8 +11,10 @@ side (its lifetime) sends the BYE; malformed requests are answered 4xx or ignore
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
 import re
 import signal
 import socket
@@ -447,6 +449,39 @@ def test_a_draining_node_refuses_new_calls_and_keeps_its_call() -> None:
         )  # the call in progress ended with its BYE
         assert s.proc.wait(30) == 0  # the drain ends once its last call has
     finally:
+        s.stop()
+
+
+def test_a_call_being_answered_when_the_drain_begins_is_kept() -> None:
+    """A SIGTERM that lands while a call's engine session is still opening (the engine is held with SIGSTOP to
+    make that window wide) must not shut the server down under the call: the drain waits for it like any open
+    call, the call is answered and goes on to its own BYE, and the server then exits 0."""
+    port = free_udp_port()
+    s = start_server(adapter="loopback", env={**sip_env(port), "LIVEKIT_OMNI_DRAIN_GRACE_S": "30"})
+    holder: dict[str, object] = {}
+    engine_pid = s.engine_pid()
+    try:
+        os.kill(engine_pid, signal.SIGSTOP)
+
+        def hold() -> None:
+            holder["r"] = run_sipp("uac_call", f"127.0.0.1:{port}", pause_ms=2000)
+
+        t = threading.Thread(target=hold)
+        t.start()
+        deadline = time.monotonic() + 10
+        while s.health()[1].get("sip", {}).get("calls") != 1:  # the INVITE is in; its engine session waits
+            assert time.monotonic() < deadline, "the INVITE never reached the server"
+            time.sleep(0.05)
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # the drain has begun with no session open yet
+        os.kill(engine_pid, signal.SIGCONT)
+        t.join(30)
+        held = holder["r"]
+        assert getattr(held, "ok", False), getattr(held, "out", held)  # answered, then ended by its own BYE
+        assert s.proc.wait(30) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(engine_pid, signal.SIGCONT)
         s.stop()
 
 

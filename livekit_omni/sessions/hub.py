@@ -56,6 +56,16 @@ class HubSession(Protocol):
         """End the session once; ``notify=False``: the client is gone, nothing is sent."""
 
 
+class HeldSessions:
+    """The number of sessions a :class:`SessionHub` holds, as a drain counts them (:meth:`SessionHub.held`)."""
+
+    def __init__(self, hub: SessionHub) -> None:
+        self.hub = hub
+
+    def __len__(self) -> int:
+        return len(self.hub.sessions) + self.hub.opening
+
+
 class SessionHub:
     """Open sessions of every dialect (for metrics and graceful shutdown), admission to the engine, and the shared
     20 ms output clock, so a thousand WebSocket sessions cost one timer, not a thousand."""
@@ -65,6 +75,8 @@ class SessionHub:
         self.supervisor = supervisor
         self.metrics = metrics
         self.sessions: set[HubSession] = set()
+        #: Sessions whose engine session is being opened (admitted, not yet in ``sessions``).
+        self.opening = 0
         self._ticking: dict[HubSession, None] = {}  # insertion-ordered set
         self._clock_task: asyncio.Task[None] | None = None
         #: The shared output clock while it runs (its ``late``/``skipped`` counters show a loop that fell behind).
@@ -94,6 +106,7 @@ class SessionHub:
             self.metrics.rejected_sessions.labels(reason=code).inc()
             return WireError(code, message, type=SERVER_ERROR)
 
+        self.opening += 1
         try:
             return await self.supervisor.open_session(
                 cfg, session_id=session_id, ingress_seconds=max(4.0, limits.input_burst_s + 1.0)
@@ -110,6 +123,10 @@ class SessionHub:
             raise refused("engine_error", f"the engine refused the session: {e.message}") from e
         except (ControlError, TimeoutError) as e:
             raise refused("engine_unavailable", f"the engine did not answer: {e}") from e
+        finally:
+            # The caller adds an opened session to ``sessions`` with no await in between, so a drain always
+            # counts it in one of the two.
+            self.opening -= 1
 
     async def start_text(
         self,
@@ -136,6 +153,12 @@ class SessionHub:
         self.sessions.discard(s)
         self._ticking.pop(s, None)
         self.detached.discard(s)
+
+    @property
+    def held(self) -> HeldSessions:
+        """What a drain waits for: the open sessions and those being opened (a SIGTERM while a call is being
+        answered must not shut the server down under it)."""
+        return HeldSessions(self)
 
     def loss_totals(self) -> dict[str, int]:
         totals = collections.Counter(self.losses)
