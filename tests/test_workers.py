@@ -368,8 +368,13 @@ async def test_realtime_call_hangup_and_sideband_work_from_either_worker(server:
             instructions = f"instructions #{n}"
             async with sdk.realtime.connect(call_id=call_id) as sb:
                 await sb.session.update(session={"type": "realtime", "instructions": instructions})
-                seen = await asyncio.wait_for(sb.recv(), 10)
-                assert seen.type == "session.updated" and seen.session.instructions == instructions  # type: ignore[union-attr]
+                # A sideband carries all of the call's events, so the caller's own turn (its speech started, the
+                # answer's audio) may come before the update's answer: read on to it.
+                async with asyncio.timeout(10):
+                    seen = await sb.recv()
+                    while seen.type != "session.updated":
+                        seen = await sb.recv()
+                assert seen.session.instructions == instructions  # type: ignore[union-attr]
             on_channel = await events.of_type("session.updated", 10, event_id=seen.event_id)
             assert on_channel["session"]["instructions"] == instructions
 
