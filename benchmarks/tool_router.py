@@ -6,7 +6,7 @@ decoding and example turns), with three tools listed (``get_weather(city)``, ``b
 ``get_order_status(order_number)``). Two sets of 40 requests, each 20 that need one of the tools and 20 that need
 none (questions, chit-chat, and a few that name a city or a day without asking for a tool):
 
-* set **A**: the set the shipped threshold (``tool_router.SMOLLM2_ROUTER_THRESHOLD``) was fitted on;
+* set **A**: the set the shipped threshold (``tool_router.ROUTER_THRESHOLD``) was fitted on;
 * set **B**: other requests of the same kinds, never used to fit anything (held out).
 
 Per set, for the baseline (the model's own ``auto``, no router) and the shipped router, decoded by the thinker

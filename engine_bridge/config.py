@@ -152,12 +152,13 @@ class ThinkerSettings(BaseModel):
     #: ``smollm2``, which, made to call, wrote "2022-01-01T00:00:00Z" for "tonight" (docs/speech-stack.md, Tool
     #: calls); a larger model of your own writes its arguments freely (still valid for the schema).
     spoken_arguments: Literal["auto", "on", "off"] = "auto"
-    #: Under ``tool_choice="auto"``, decide before a reply's first token from the thinker's own embeddings which
-    #: tool the caller's words ask for, if any (engine_bridge/thinker/tool_router.py). ``auto``: on for the built-in
-    #: ``smollm2``, which never opens a call by itself; a model trained on tools decides as it decodes.
+    #: Under ``tool_choice="auto"``, decide before a reply's first token, by a sentence embedder's similarity
+    #: between the caller's words and each tool's description, which tool they ask for, if any
+    #: (engine_bridge/thinker/tool_router.py). ``auto``: on for the built-in ``smollm2``, which never opens a call
+    #: by itself; a model trained on tools decides as it decodes.
     tool_router: Literal["auto", "on", "off"] = "auto"
-    #: The router's threshold on its score (a difference of cosines); None: the one measured for SmolLM2-135M.
-    tool_router_threshold: float | None = Field(None, ge=-2.0, le=2.0)
+    #: The router's threshold on the cosine to the closest tool; None: the measured default (0.28).
+    tool_router_threshold: float | None = Field(None, ge=-1.0, le=1.0)
     #: vLLM on CUDA: share of the GPU's memory for weights and KV.
     gpu_memory_utilization: float = Field(0.85, ge=0.05, le=1.0)
     tensor_parallel_size: int = Field(1, ge=1, le=64)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_bridge.thinker.tool_router import SMOLLM2_ROUTER_THRESHOLD
+from engine_bridge.thinker.tool_router import ROUTER_THRESHOLD
 from tests.bench_runs import run_benchmark
 
 pytestmark = pytest.mark.models
@@ -20,7 +20,7 @@ def test_tool_router_quick_reports_both_approaches_on_both_sets() -> None:
     out, stdout = run_benchmark("tool_router", "--quick", timeout=900)  # ~3 min on a quiet machine
     assert "approach" in stdout, "expected the table before the JSON line"
     assert out["benchmark"] == "tool_router" and out["quick"] is True
-    assert out["threshold_shipped"] == pytest.approx(SMOLLM2_ROUTER_THRESHOLD, abs=0.01)
+    assert out["threshold_shipped"] == pytest.approx(ROUTER_THRESHOLD, abs=0.01)
     for approach in ("baseline", "router"):
         for set_name in ("A", "B"):
             fig = out[approach][set_name]

@@ -200,14 +200,14 @@ def test_spoken_arguments_are_on_for_the_built_in_model_only(tmp_path: Any) -> N
 def test_the_tool_router_is_on_for_the_built_in_model_only(tmp_path: Any) -> None:
     from engine_bridge.config import EngineSettings
     from engine_bridge.thinker.factory import tool_router_threshold
-    from engine_bridge.thinker.tool_router import SMOLLM2_ROUTER_THRESHOLD
+    from engine_bridge.thinker.tool_router import ROUTER_THRESHOLD
 
     def settings(**thinker: Any) -> EngineSettings:
         return EngineSettings.model_validate({"thinker": thinker})
 
-    assert tool_router_threshold(EngineSettings()) == SMOLLM2_ROUTER_THRESHOLD
+    assert tool_router_threshold(EngineSettings()) == ROUTER_THRESHOLD
     assert tool_router_threshold(settings(model=str(tmp_path))) is None  # a model of your own decides itself
-    assert tool_router_threshold(settings(model=str(tmp_path), tool_router="on")) == SMOLLM2_ROUTER_THRESHOLD
+    assert tool_router_threshold(settings(model=str(tmp_path), tool_router="on")) == ROUTER_THRESHOLD
     assert tool_router_threshold(settings(tool_router="off")) is None
     assert tool_router_threshold(settings(tool_router_threshold=0.1)) == 0.1
 

@@ -49,12 +49,12 @@ def spoken_arguments(settings: EngineSettings) -> bool:
 
 def tool_router_threshold(settings: EngineSettings) -> float | None:
     """The tool router's threshold when ``auto`` replies are routed (``engine.thinker.tool_router``), else None."""
-    from .tool_router import SMOLLM2_ROUTER_THRESHOLD
+    from .tool_router import ROUTER_THRESHOLD
 
     t = settings.thinker
     if t.tool_router == "off" or (t.tool_router == "auto" and t.model != "smollm2"):
         return None
-    return SMOLLM2_ROUTER_THRESHOLD if t.tool_router_threshold is None else t.tool_router_threshold
+    return ROUTER_THRESHOLD if t.tool_router_threshold is None else t.tool_router_threshold
 
 
 def spoken_decoding(settings: EngineSettings) -> DecodingSettings:

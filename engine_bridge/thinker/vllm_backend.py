@@ -511,13 +511,9 @@ class VllmThinker(LogBackedThinker[_Session]):
         self.policy = ReplyPolicy(self.fmt)
         self.spoken_arguments = cfg.spoken_arguments
         if cfg.tool_router_threshold is not None:
-            # vLLM gives no hidden states of a generating request: the router embeds with a transformers copy of
-            # the weights (135M parameters for the built-in model).
-            from .model_store import load_model
-            from .tool_router import ToolRouter
+            from .tool_router import ToolRouter, shared_embedder
 
-            copy = load_model(cfg.model, cache_dir=cfg.cache_dir)
-            self.tool_router = ToolRouter(copy.model.eval(), copy.tokenizer, cfg.tool_router_threshold)
+            self.tool_router = ToolRouter(shared_embedder(cfg.cache_dir), cfg.tool_router_threshold)
             self.fmt.markup_tokens  # noqa: B018 - built here, not on the scheduler thread at the first words reply
         self._uid = next(_instance_ids)
         self.caps = ThinkerCaps(
