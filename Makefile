@@ -92,17 +92,18 @@ serve: install
 
 # The suite runs in TEST_WORKERS pytest-xdist workers, a test module per worker at a time (--dist loadfile: a module's
 # servers and engines are its own); about half of a serial run is waiting in real time (speech played at its pace,
-# ICE and reconnect timers), which the second worker fills (docs/development.md, Test tiers). The event conformance
+# ICE and reconnect timers), which the second worker fills (docs/development.md, Test tiers); the heavy modules start
+# first (tests/conftest.py, pytest_collection_modifyitems). The event conformance
 # check reads every frame the whole suite's servers logged, so it runs after them, on its own.
 TEST_WORKERS ?= 2
 CONFORMANCE := tests/test_zz_event_conformance.py
 test: install system-deps omni-env
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --ignore=$(CONFORMANCE) $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --ignore=$(CONFORMANCE) $(PYTEST_ARGS)
 	LIVEKIT_OMNI_TEST_KEEP_EVENT_LOGS=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra $(CONFORMANCE)
 
 # The inner loop (docs/development.md, Test tiers): no real models, no browser (so no Chromium), no slow drills.
 test-fast: install omni-env
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile -m "not models and not browser and not slow" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not models and not browser and not slow" $(PYTEST_ARGS)
 
 bench: install
 	@set -e; for b in benchmarks/*.py; do echo "=== $$b"; HF_HUB_OFFLINE=1 $(BIN)/python $$b; done

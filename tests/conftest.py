@@ -43,6 +43,27 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             path.write_text("")
 
 
+#: The marks of the heavy tests (real models, Chromium, process drills and benchmark runs; docs/development.md).
+HEAVY_MARKS = ("models", "browser", "slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with heavy tests first, then the rest; within each, modules with more tests first (pytest-xdist's
+    own order, which `make test` turns off with --no-loadscope-reorder so that this one holds). By test count alone a
+    one-test benchmark run of four minutes started last and ran on after the other worker had nothing left (about
+    eight minutes of the suite's end on one worker); started early, its time overlaps the many quick modules. The
+    order within a module is kept."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+
+    def heavy(module: list[pytest.Item]) -> bool:
+        return any(item.get_closest_marker(m) is not None for item in module for m in HEAVY_MARKS)
+
+    ordered = sorted(modules.values(), key=lambda module: (not heavy(module), -len(module)))
+    items[:] = [item for module in ordered for item in module]
+
+
 #: Adapters whose engine loads the real models (whisper, SmolLM2, Piper). The engine's default is the cascade.
 MODEL_ADAPTERS = frozenset({"cascade"})
 _running: pytest.Item | None = None
