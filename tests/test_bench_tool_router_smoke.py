@@ -1,4 +1,4 @@
-"""Smoke test for benchmarks/tool_router.py: a ``--quick`` run (4 requests of each kind and set, the model's own
+"""Smoke test for benchmarks/tool_router.py: a ``--quick`` run (2 requests of each kind and set, the model's own
 ``auto`` beside the tool router, each decoded by the engine's default torch thinker) completes and ends with the
 JSON its docstring names.
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.models
 
 
 def test_tool_router_quick_reports_both_approaches_on_both_sets() -> None:
-    out, stdout = run_benchmark("tool_router", "--quick", timeout=900)  # ~3 min on a quiet machine
+    out, stdout = run_benchmark("tool_router", "--quick", timeout=900)  # ~2 min on this 2-core VM
     assert "approach" in stdout, "expected the table before the JSON line"
     assert out["benchmark"] == "tool_router" and out["quick"] is True
     assert out["threshold_shipped"] == pytest.approx(ROUTER_THRESHOLD, abs=0.01)

