@@ -138,6 +138,14 @@ def test_a_schema_the_library_cannot_compile_is_a_typed_error(grammars: ToolGram
         grammars.check(TOOL_FORMATS["smollm2"], [bad])
 
 
+def test_spoken_spans_read_numbers_without_thousands_separators() -> None:
+    """whisper writes a spoken order number with a thousands comma ("Has order 5,512 shipped yet?"): the argument
+    is the number as said, while a comma between words stays a comma."""
+    spans = spoken_spans("Has order 5,512 shipped yet? Order 1,234,567, or 12,34.")
+    assert "5512" in spans and "order 5512" in spans and "5,512" not in spans
+    assert "1234567" in spans and "12,34" in spans
+
+
 def test_spoken_spans_are_the_callers_runs_of_words() -> None:
     spans = spoken_spans("Can we book a table on New Year's Eve, December 12th?")
     assert {"New Year's Eve", "December 12th", "table", "Can we book a table on"} <= set(spans)

@@ -314,11 +314,16 @@ def tool_format(name: str, chat_template: str | None) -> ToolCallFormat:
 _SPAN_EDGES = ".,;:!?\"'()[]{}<>«»“”‘’…-"
 
 
+#: A thousands separator inside a number ("5,512"): the recogniser's formatting, not something the caller said.
+_DIGIT_GROUP_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
 def spoken_spans(text: str, max_words: int = 6) -> list[str]:
     """Every run of up to ``max_words`` consecutive words of ``text``, without the punctuation at its ends, in
     order of first appearance: the values a caller's message can give an argument ("Paris", "order 4417",
-    "December 12th", "New Year's Eve")."""
-    words = text.split()
+    "December 12th", "New Year's Eve"). Numbers are read without thousands separators: whisper writes the order
+    number "5512" that a caller says as "5,512"."""
+    words = _DIGIT_GROUP_COMMA.sub("", text).split()
     out: dict[str, None] = {}
     for i in range(len(words)):
         for j in range(i + 1, min(len(words), i + max_words) + 1):
