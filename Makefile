@@ -101,9 +101,9 @@ test: install system-deps omni-env
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --ignore=$(CONFORMANCE) $(PYTEST_ARGS)
 	LIVEKIT_OMNI_TEST_KEEP_EVENT_LOGS=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra $(CONFORMANCE)
 
-# The inner loop (docs/development.md, Test tiers): no real models, no browser (so no Chromium), no slow drills (so
-# no vLLM-Omni peer either: .venv-omni is for the slow-marked tests only).
-test-fast: install
+# The inner loop (docs/development.md, Test tiers): no real models, no browser (so no Chromium), no slow drills.
+# .venv-omni too: the vLLM-Omni peer's test module is collected (then deselected) and needs it at import.
+test-fast: install omni-env
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not models and not browser and not slow" $(PYTEST_ARGS)
 
 bench: install
