@@ -11,6 +11,7 @@ side (its lifetime) sends the BYE; malformed requests are answered 4xx or ignore
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import itertools
 import json
@@ -20,7 +21,6 @@ import signal
 import socket
 import struct
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 
@@ -29,13 +29,23 @@ import pytest
 
 from media.codecs import ulaw_decode, ulaw_encode
 from tests.conftest import ServerProcess, start_server
-from tests.sip_peers import SCENARIOS, free_udp_port, require, run_sipp, sip_env
+from tests.sip_peers import SCENARIOS, SippResult, free_udp_port, require, run_sipp, sip_env
 
 pytestmark = pytest.mark.slow
 
 
 def active_sessions(server: ServerProcess) -> int:
     return int(server.health()[1]["engine"]["active_sessions"])
+
+
+def held_call(port: int, *, pause_ms: int) -> concurrent.futures.Future[SippResult]:
+    """A SIPp call (``uac_call``) to the endpoint on ``port``, held ``pause_ms`` before its BYE, run on a thread of
+    its own while the test goes on; the future holds its result."""
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sipp-held-call")
+    try:
+        return pool.submit(run_sipp, "uac_call", f"127.0.0.1:{port}", pause_ms=pause_ms)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def wait_sessions(server: ServerProcess, n: int, timeout: float = 5.0) -> float:
@@ -92,22 +102,15 @@ def test_cancel_before_answer_leaves_no_session(sip_server: tuple[ServerProcess,
 
 def test_over_the_session_limit_is_503_with_retry_after(sip_server: tuple[ServerProcess, int]) -> None:
     server, port = sip_server
-    holder: dict[str, object] = {}
-
-    def hold() -> None:
-        holder["r"] = run_sipp("uac_call", f"127.0.0.1:{port}", pause_ms=4000)
-
-    t = threading.Thread(target=hold)
-    t.start()
+    call = held_call(port, pause_ms=4000)
     try:
         wait_sessions(server, 1)
         r = run_sipp("uac_refused_503", f"127.0.0.1:{port}")
         assert r.ok, r.out
         assert re.search(r"Retry-After: *\d+", r.messages), r.messages
     finally:
-        t.join(30)
-    held = holder["r"]
-    assert getattr(held, "ok", False), getattr(held, "out", held)
+        held = call.result(30)
+    assert held.ok, held.out
     wait_sessions(server, 0)
 
 
@@ -426,15 +429,9 @@ def test_a_draining_node_refuses_new_calls_and_keeps_its_call() -> None:
     fails over), while the call in progress goes on to its own BYE."""
     port = free_udp_port()
     s = start_server(adapter="loopback", env={**sip_env(port), "LIVEKIT_OMNI_DRAIN_GRACE_S": "30"})
-    holder: dict[str, object] = {}
     try:
         assert _options_status(port) == 200
-
-        def hold() -> None:
-            holder["r"] = run_sipp("uac_call", f"127.0.0.1:{port}", pause_ms=4000)
-
-        t = threading.Thread(target=hold)
-        t.start()
+        call = held_call(port, pause_ms=4000)
         wait_sessions(s, 1)
         s.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 5
@@ -442,11 +439,8 @@ def test_a_draining_node_refuses_new_calls_and_keeps_its_call() -> None:
             assert time.monotonic() < deadline, "OPTIONS is not 503 while draining"
         r = run_sipp("uac_refused_503", f"127.0.0.1:{port}")
         assert r.ok, r.out
-        t.join(30)
-        held = holder["r"]
-        assert getattr(held, "ok", False), getattr(
-            held, "out", held
-        )  # the call in progress ended with its BYE
+        held = call.result(30)
+        assert held.ok, held.out  # the call in progress ended with its BYE
         assert s.proc.wait(30) == 0  # the drain ends once its last call has
     finally:
         s.stop()
@@ -458,16 +452,10 @@ def test_a_call_being_answered_when_the_drain_begins_is_kept() -> None:
     call, the call is answered and goes on to its own BYE, and the server then exits 0."""
     port = free_udp_port()
     s = start_server(adapter="loopback", env={**sip_env(port), "LIVEKIT_OMNI_DRAIN_GRACE_S": "30"})
-    holder: dict[str, object] = {}
     engine_pid = s.engine_pid()
     try:
         os.kill(engine_pid, signal.SIGSTOP)
-
-        def hold() -> None:
-            holder["r"] = run_sipp("uac_call", f"127.0.0.1:{port}", pause_ms=2000)
-
-        t = threading.Thread(target=hold)
-        t.start()
+        call = held_call(port, pause_ms=2000)
         deadline = time.monotonic() + 10
         while s.health()[1].get("sip", {}).get("calls") != 1:  # the INVITE is in; its engine session waits
             assert time.monotonic() < deadline, "the INVITE never reached the server"
@@ -475,9 +463,8 @@ def test_a_call_being_answered_when_the_drain_begins_is_kept() -> None:
         s.proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)  # the drain has begun with no session open yet
         os.kill(engine_pid, signal.SIGCONT)
-        t.join(30)
-        held = holder["r"]
-        assert getattr(held, "ok", False), getattr(held, "out", held)  # answered, then ended by its own BYE
+        held = call.result(30)
+        assert held.ok, held.out  # answered, then ended by its own BYE
         assert s.proc.wait(30) == 0
     finally:
         with contextlib.suppress(ProcessLookupError):
