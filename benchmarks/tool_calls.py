@@ -44,7 +44,7 @@ from typing import Any
 import jsonschema
 import numpy as np
 import websockets
-from _callers import HeardAudio, marked_sample
+from _callers import QUESTIONS, HeardAudio, marked_sample
 from _common import finish, pct
 from rich.console import Console
 from rich.table import Table
@@ -136,16 +136,7 @@ TOOL_REQUESTS = [
 PLAIN_REQUESTS = [
     Request(q)
     for q in (
-        "What is the capital of France?",
-        "How many legs does a spider have?",
-        "What color is the sky?",
-        "What is two plus two?",
-        "What is the largest planet?",
-        "How many days are in a week?",
-        "What is the capital of Italy?",
-        "What do bees make?",
-        "What is the opposite of hot?",
-        "What animal says moo?",
+        *QUESTIONS,  # the other benchmarks' callers' ten questions, then ten more
         "Tell me a joke.",
         "How are you today?",
         "What is your name?",
